@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Launch torchtitan training through torchtitan_neuron's entry point.
+#
+#   NGPU      ranks on this host (NeuronCores, GPUs, or CPU processes); default 2
+#   MODULE    recipe module, fully qualified; default the SimpleFSDP Llama module
+#   CONFIG    recipe name in that module; default the CPU rehearsal recipe
+#   LOG_RANK  ranks whose output is shown (torchrun --local-ranks-filter); default 0
+#
+# Every other argument passes straight through to torchtitan's trainer, e.g.
+#   NGPU=2 CONFIG=simple_fsdp_llama3_debugmodel_fullac ./run_train.sh --training.steps 10
+set -euo pipefail
+
+cd "$(dirname "$0")"
+
+NGPU=${NGPU:-2}
+LOG_RANK=${LOG_RANK:-0}
+MODULE=${MODULE:-torchtitan_neuron.experiments.graph_trainer.llama3}
+CONFIG=${CONFIG:-simple_fsdp_llama3_debugmodel}
+
+# The project's virtualenv (made by `make install`) unless PYTHON names another.
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+
+# torchrun forwards SIGINT/SIGTERM to every rank; exec so Ctrl-C reaches it directly.
+exec "$PYTHON" -m torch.distributed.run \
+    --nproc_per_node="$NGPU" \
+    --rdzv_backend c10d --rdzv_endpoint="localhost:0" \
+    --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
+    -m torchtitan_neuron.train --module "$MODULE" --config "$CONFIG" "$@"

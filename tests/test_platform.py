@@ -1,0 +1,118 @@
+"""The platform layer: selection order, backend resolution, CPU adaptation.
+
+Proves: neuron is chosen when torch-neuronx is importable (with a stand-in, since
+it cannot be installed here), then cuda, then cpu; a recipe's ``neuron`` compile
+backend resolves to the local compiler elsewhere; ``install()`` adapts every
+import-time copy of torchtitan's device globals and nothing else is left
+pointing at CUDA; the CPU memory figure is a real, resettable measurement.
+
+Run: .venv/bin/python -m pytest tests/test_platform.py -q
+"""
+
+import ast
+import importlib
+import pathlib
+
+import pytest
+import torch
+
+import torchtitan
+from torchtitan_neuron import platform
+
+
+def test_neuron_wins_when_torch_neuronx_is_present():
+    plat = platform.detect(
+        module_available=lambda name: name == "torch_neuronx", cuda_available=lambda: True
+    )
+    assert (plat.name, plat.device_type, plat.dist_backend, plat.compile_backend) == (
+        "neuron", "neuron", "neuron", "neuron"
+    )
+
+
+def test_cuda_then_cpu():
+    cuda = platform.detect(module_available=lambda n: False, cuda_available=lambda: True)
+    assert (cuda.device_type, cuda.dist_backend, cuda.compile_backend) == (
+        "cuda", "nccl", "inductor"
+    )
+    cpu = platform.detect(module_available=lambda n: False, cuda_available=lambda: False)
+    assert (cpu.device_type, cpu.dist_backend) == ("cpu", "gloo")
+
+
+def test_detect_finds_a_real_stand_in_module(tmp_path, monkeypatch):
+    # A package named torch_neuronx on sys.path is enough for detection.
+    (tmp_path / "torch_neuronx").mkdir()
+    (tmp_path / "torch_neuronx" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert platform.detect().name == "neuron"
+
+
+def test_neuron_backend_resolves_to_local_compiler():
+    cpu = platform.Platform("cpu", "cpu", "gloo", "inductor")
+    assert cpu.resolve_compile_backend("neuron") == "inductor"
+    assert cpu.resolve_compile_backend("aot_eager") == "aot_eager"
+    neuron = platform.Platform("neuron", "neuron", "neuron", "neuron")
+    assert neuron.resolve_compile_backend("neuron") == "neuron"
+
+
+def _import_time_device_copies() -> set[str]:
+    """Modules of torchtitan that import device_type/device_module by value."""
+    root = pathlib.Path(torchtitan.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        if "tests" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "torchtitan.tools.utils"
+                and {a.name for a in node.names} & {"device_type", "device_module"}
+            ):
+                rel = path.relative_to(root.parent).with_suffix("")
+                found.add(".".join(rel.parts))
+    return found
+
+
+def test_every_import_time_device_copy_is_known():
+    known = set(platform.DEVICE_GLOBAL_COPIES) | platform.UNPATCHED_DEVICE_COPIES
+    new = _import_time_device_copies() - known
+    assert not new, f"torchtitan grew import-time device copies: {sorted(new)}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU adaptation only")
+def test_install_adapts_every_copy_and_is_idempotent():
+    plat = platform.install()
+    assert plat.name == "cpu"
+    for module_name, names in platform.DEVICE_GLOBAL_COPIES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            value = getattr(module, name)
+            expected = "cpu" if name == "device_type" else platform.CpuDeviceModule
+            assert value == expected, f"{module_name}.{name} = {value!r}"
+    assert platform.install() is plat
+    import torchtitan.tools.utils as tt_utils
+
+    assert tt_utils.get_local_device() == torch.device("cpu")
+    assert tt_utils.get_peak_flops(platform.CpuDeviceModule.get_device_name()) > 1e9
+
+
+def test_cpu_memory_figure_is_measured_and_resettable():
+    dev = platform.CpuDeviceModule
+    dev.reset_peak_memory_stats()
+    before = dev.memory_stats()["reserved_bytes.all.peak"]
+    block = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
+    during = dev.memory_stats()["reserved_bytes.all.peak"]
+    del block
+    dev.reset_peak_memory_stats()
+    after = dev.memory_stats()["reserved_bytes.all.peak"]
+    assert during - before > 200 * 2**20
+    assert after < during - 200 * 2**20
+
+
+def test_peak_flops_can_be_configured(monkeypatch):
+    monkeypatch.setenv(platform.CPU_PEAK_FLOPS_ENV, "1.5e11")
+    assert platform.cpu_peak_flops() == 1.5e11
+    monkeypatch.setenv(platform.CPU_PEAK_FLOPS_ENV, "fast")
+    with pytest.raises(ValueError, match=platform.CPU_PEAK_FLOPS_ENV):
+        platform.cpu_peak_flops()

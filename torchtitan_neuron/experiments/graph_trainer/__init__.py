@@ -1,0 +1,1 @@
+"""GraphTrainer recipes, including SimpleFSDP on the Neuron JIT path."""

@@ -1,0 +1,44 @@
+"""``neuron_simple_fsdp``: the one converter every SimpleFSDP recipe goes through.
+
+It turns a base Trainer recipe into a GraphTrainer recipe whose compile
+settings are the base's (``enable``, ``components``, ``backend``) with the mode
+fixed to ``jit``, the only mode SimpleFSDP supports on Neuron in this release.
+"""
+
+from collections.abc import Callable
+from dataclasses import fields
+
+from torchtitan.config import CompileConfig
+from torchtitan.experiments.graph_trainer.configs import (
+    GraphTrainerCompileConfig,
+    to_graph_trainer_config,
+)
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.trainer import Trainer
+
+from torchtitan_neuron.trainer import NeuronGraphTrainer
+
+
+def neuron_simple_fsdp(
+    base: Trainer.Config,
+    model_registry: Callable[[str], ModelSpec],
+    *,
+    model_name: str,
+) -> NeuronGraphTrainer.Config:
+    """Convert ``base`` to a SimpleFSDP GraphTrainer recipe in jit mode."""
+    compile_config: CompileConfig = base.compile
+    graph_config = to_graph_trainer_config(base, model_registry)
+    # to_graph_trainer_config replaces any AC with SelectiveAC because upstream
+    # applies graph-level policies only in aot_fx_trace; in jit mode this
+    # project applies the base recipe's own choice per block.
+    graph_config.activation_checkpoint = base.activation_checkpoint
+    graph_config.model_spec.name = model_name
+    graph_config.compile = GraphTrainerCompileConfig(
+        enable=compile_config.enable,
+        components=list(compile_config.components),
+        backend=compile_config.backend,
+        mode="jit",
+    )
+    return NeuronGraphTrainer.Config(
+        **{f.name: getattr(graph_config, f.name) for f in fields(graph_config)}
+    )

@@ -1,0 +1,55 @@
+"""SimpleFSDP parallelization for Llama on the Neuron JIT path.
+
+Upstream's graph_trainer ``parallelize_llama`` in 0.3.0 applies TP, SimpleFSDP
+and compile but ignores ``ac_config``. This is the same sequence, built from
+upstream's pieces, with activation checkpointing and reshard-after-forward
+applied between TP and SimpleFSDP.
+"""
+
+from torchtitan.experiments.graph_trainer.common_utils import (
+    apply_cp_to_attention,
+    apply_simple_fsdp,
+)
+from torchtitan.experiments.graph_trainer.compile import apply_compile
+from torchtitan.experiments.graph_trainer.llama3.parallelize import annotate_llama
+
+from torchtitan_neuron.activation_checkpoint import (
+    apply_activation_checkpointing,
+    reshard_after_forward,
+)
+
+
+def parallelize_llama(
+    model,
+    *,
+    parallel_dims,
+    training,
+    parallelism,
+    compile_config,
+    ac_config,
+    dump_folder: str,
+):
+    """TP, then activation checkpointing, then SimpleFSDP, then torch.compile."""
+    if training.seq_len % parallel_dims.seq_len_divisor != 0:
+        raise ValueError(
+            f"--training.seq_len {training.seq_len} must be divisible by "
+            f"{parallel_dims.seq_len_divisor} (TP degree {parallel_dims.tp} x "
+            f"2 x CP degree {parallel_dims.cp}); change the sequence length or "
+            "the parallel degrees"
+        )
+    if parallel_dims.cp_enabled:
+        apply_cp_to_attention(model, parallel_dims)
+    # Annotate before AC wraps the blocks, so FX nodes carry clean module FQNs.
+    annotate_llama(model)
+    if parallel_dims.tp_enabled:
+        model.parallelize(parallel_dims)
+    apply_activation_checkpointing(model, ac_config, dump_folder)
+    model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
+    reshard_after_forward(model)
+    return apply_compile(
+        model,
+        compile_config=compile_config,
+        parallelism=parallelism,
+        parallel_dims=parallel_dims,
+        dump_folder=dump_folder,
+    )

@@ -1,0 +1,347 @@
+"""The one module that knows device strings.
+
+Everything else asks it: which device the run uses (``neuron``, ``cuda`` or
+``cpu``), the process-group backend, the compile backend a recipe's
+``backend="neuron"`` resolves to, memory capacity and peak FLOPs.
+
+torchtitan 0.3.0 assumes an accelerator: ``tools/utils.py`` falls back to
+``"cuda"`` when none is found, and several modules copy ``device_type`` /
+``device_module`` at import time. ``install()`` adapts those globals for the CPU,
+explicitly and idempotently, and is called once by the entry point
+(``torchtitan_neuron.train``) before torchtitan's trainer runs. Nothing here
+patches anything at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from torchtitan.tools.logging import logger
+
+# Where torchtitan 0.3.0 keeps an import-time copy of ``device_type`` and/or
+# ``device_module``. A test checks this list against torchtitan's source, so a
+# new copy upstream is noticed. The autoparallel modules are left out on
+# purpose: they import the optional ``autoparallel`` package and are never
+# reached by this project's recipes.
+DEVICE_GLOBAL_COPIES: dict[str, tuple[str, ...]] = {
+    "torchtitan.tools.utils": ("device_type", "device_module"),
+    "torchtitan.distributed.parallel_dims": ("device_type",),
+    "torchtitan.distributed.utils": ("device_type", "device_module"),
+    "torchtitan.components.metrics": ("device_type", "device_module"),
+    "torchtitan.models.common.token_dispatcher": ("device_type", "device_module"),
+    "torchtitan.tools.profiler": ("device_module",),
+}
+UNPATCHED_DEVICE_COPIES = frozenset(
+    {
+        "torchtitan.experiments.graph_trainer.llama3.parallelize_autoparallel",
+        "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize_autoparallel",
+    }
+)
+
+# Compile backends that only exist on one platform and what stands in for
+# them elsewhere. On CPU, inductor (C++ codegen) beat aot_eager in steady
+# state (see README, "Choosing the CPU compile backend").
+_LOCAL_COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
+_PLATFORM_ONLY_BACKENDS = {"neuron": "neuron"}
+
+CPU_PEAK_FLOPS_ENV = "TORCHTITAN_NEURON_CPU_PEAK_FLOPS"
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    """``neuron``, ``cuda`` or ``cpu``."""
+    device_type: str
+    dist_backend: str
+    compile_backend: str
+    """What a recipe's ``backend="neuron"`` means on this platform."""
+
+    def resolve_compile_backend(self, requested: str) -> str:
+        """Map a requested compile backend onto one that exists here.
+
+        A backend tied to another platform (``neuron`` off Trainium) becomes the
+        local compiler; any other name is passed through unchanged.
+        """
+        owner = _PLATFORM_ONLY_BACKENDS.get(requested)
+        if owner is not None and owner != self.name:
+            return self.compile_backend
+        return requested
+
+
+def _module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def detect(
+    *,
+    module_available=_module_available,
+    cuda_available=torch.cuda.is_available,
+) -> Platform:
+    """Pick the platform: neuron if torch-neuronx is present, then cuda, then cpu."""
+    if module_available("torch_neuronx"):
+        return Platform("neuron", "neuron", "neuron", "neuron")
+    if cuda_available():
+        return Platform("cuda", "cuda", "nccl", _LOCAL_COMPILE_BACKEND["cuda"])
+    return Platform("cpu", "cpu", "gloo", _LOCAL_COMPILE_BACKEND["cpu"])
+
+
+# --------------------------------------------------------------------------
+# CPU stand-in for torch.cuda as torchtitan uses it
+# --------------------------------------------------------------------------
+
+
+def _read_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def _host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "CPU " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"
+
+
+def _ranks_on_host() -> int:
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+class CpuDeviceModule:
+    """What torchtitan calls on ``torch.cuda``, answered for a CPU rank.
+
+    Memory is the rank's peak resident set size (Linux ``VmHWM``), reset through
+    ``/proc/self/clear_refs``: a real measurement of everything the process
+    holds (tensors, interpreter, compiled code), not only tensors. Capacity is
+    host memory divided among the ranks on this host.
+    """
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        return _cpu_name()
+
+    @staticmethod
+    def get_device_properties(device=None):
+        return SimpleNamespace(
+            name=_cpu_name(), total_memory=_host_memory_bytes() // _ranks_on_host()
+        )
+
+    @staticmethod
+    def memory_stats(device=None) -> dict[str, int]:
+        peak = _read_status_kib("VmHWM") * 1024
+        return {
+            "active_bytes.all.peak": peak,
+            "reserved_bytes.all.peak": peak,
+            "num_alloc_retries": 0,
+            "num_ooms": 0,
+        }
+
+    @staticmethod
+    def reset_peak_memory_stats(device=None) -> None:
+        # "5" resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0).
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    @staticmethod
+    def mem_get_info(device=None) -> tuple[int, int]:
+        total = _host_memory_bytes()
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), total
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device) -> None:
+        pass
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    # torchtitan's profiler records memory snapshots through this attribute.
+    memory = SimpleNamespace(
+        _record_memory_history=lambda *a, **k: None, _snapshot=lambda: {}
+    )
+
+
+def _cpu_local_device() -> torch.device:
+    # Every CPU rank shares the one host device; an index ("cpu:1") would make
+    # device equality checks fail against tensors created on "cpu".
+    return torch.device("cpu")
+
+
+def measure_matmul_flops(
+    dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5
+) -> float:
+    """Median FLOP/s of an n^3 matmul on this process's threads."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return 2 * n**3 / times[len(times) // 2]
+
+
+_cpu_peak_cache: dict[str, float] = {}
+
+
+def cpu_peak_flops() -> float:
+    """Peak FLOP/s for MFU on a CPU rank: configured, else measured once.
+
+    ``TORCHTITAN_NEURON_CPU_PEAK_FLOPS`` sets it; otherwise 1024^3 matmuls
+    in fp32 and bf16 are timed on this rank's threads and the faster one is
+    the peak (recipes compute in bf16 under mixed precision, and many CPUs
+    run bf16 matmuls faster than fp32).
+    """
+    configured = os.environ.get(CPU_PEAK_FLOPS_ENV)
+    if configured:
+        try:
+            return float(configured)
+        except ValueError:
+            raise ValueError(
+                f"{CPU_PEAK_FLOPS_ENV}={configured!r} is not a number; "
+                "set it to FLOP/s, e.g. 1.8e11"
+            ) from None
+    if "cpu" not in _cpu_peak_cache:
+        _cpu_peak_cache["cpu"] = max(
+            measure_matmul_flops(torch.float32), measure_matmul_flops(torch.bfloat16)
+        )
+    return _cpu_peak_cache["cpu"]
+
+
+# --------------------------------------------------------------------------
+# install()
+# --------------------------------------------------------------------------
+
+_installed: Platform | None = None
+
+
+def _install_cpu() -> list[str]:
+    import torchtitan.tools.utils as tt_utils
+
+    touched = []
+    for module_name, names in DEVICE_GLOBAL_COPIES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            value = "cpu" if name == "device_type" else CpuDeviceModule
+            setattr(module, name, value)
+            touched.append(f"{module_name}.{name}")
+
+    # trainer.py reads utils.get_local_device at call time; distributed.utils
+    # holds an import-time copy.
+    import torchtitan.distributed.utils as dist_utils
+
+    for module in (tt_utils, dist_utils):
+        module.get_local_device = _cpu_local_device
+        touched.append(f"{module.__name__}.get_local_device")
+
+    # Upstream falls back to an A100 figure for unknown devices; MFU on a CPU
+    # rank is against the measured (or configured) matmul peak instead.
+    upstream_peak = tt_utils.get_peak_flops
+
+    def get_peak_flops(device_name: str) -> float:
+        if device_name.startswith("CPU"):
+            return cpu_peak_flops()
+        return upstream_peak(device_name)
+
+    if not getattr(upstream_peak, "_torchtitan_neuron", False):
+        get_peak_flops._torchtitan_neuron = True
+        tt_utils.get_peak_flops = get_peak_flops
+    touched.append("torchtitan.tools.utils.get_peak_flops")
+    return touched
+
+
+def install(platform: Platform | None = None) -> Platform:
+    """Adapt torchtitan's device globals to the detected platform, once.
+
+    On CPU it sets ``device_type="cpu"`` and a CPU device module in every
+    module listed in ``DEVICE_GLOBAL_COPIES``, makes ``get_local_device``
+    return the host device, and points MFU at the CPU matmul peak. On neuron
+    and cuda, torchtitan's own detection is already right and nothing is
+    touched. Calling it again is a no-op.
+    """
+    global _installed
+    if _installed is not None:
+        return _installed
+    platform = platform or detect()
+    touched = _install_cpu() if platform.name == "cpu" else []
+    _installed = platform
+    logger.info(
+        f"torchtitan_neuron platform: {platform.name} (device {platform.device_type}, "
+        f"process group {platform.dist_backend}, compile backend "
+        f"{platform.compile_backend})"
+        + (f"; adapted {len(touched)} torchtitan globals for CPU" if touched else "")
+    )
+    return _installed
+
+
+def current() -> Platform:
+    """The installed platform, or the detected one if install() has not run."""
+    return _installed or detect()
+
+
+
+@contextlib.contextmanager
+def grad_clip_override(clip_fn):
+    """Run torchtitan's train step with ``clip_fn`` as its gradient clipper.
+
+    ``Trainer.train_step`` calls ``torchtitan.distributed.utils.clip_grad_norm_``
+    inline; swapping that module attribute for the duration of one step is the
+    only way to compile it without copying ``train_step``. ``None`` leaves the
+    eager function in place.
+    """
+    if clip_fn is None:
+        yield
+        return
+    import torchtitan.distributed.utils as dist_utils
+
+    eager = dist_utils.clip_grad_norm_
+    dist_utils.clip_grad_norm_ = clip_fn
+    try:
+        yield
+    finally:
+        dist_utils.clip_grad_norm_ = eager

@@ -1,0 +1,22 @@
+"""Entry point: ``python -m torchtitan_neuron.train --module M --config C [overrides]``.
+
+Installs the platform layer, then runs torchtitan's own ``torchtitan.train``
+main with the same arguments. A config that cannot be parsed (an unknown
+flag, a refused setting) is reported in one line with exit code 2.
+"""
+
+import sys
+
+
+def main() -> None:
+    from torchtitan_neuron import platform
+
+    platform.install()
+
+    import torchtitan.train
+
+    torchtitan.train.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Trainers for the Neuron recipes: torchtitan's, plus what this path needs.
+
+- The compile backend a recipe names (``neuron``) is resolved for the platform
+  before anything is compiled, and logged once.
+- ``grad_clip`` in ``--compile.components`` compiles gradient-norm clipping
+  (torchtitan 0.3.0 always runs it eagerly).
+- SimpleFSDP recipes accept only ``--compile.mode jit``; anything else is
+  refused when the config is parsed, before a model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import torchtitan.distributed.utils as dist_utils
+from torchtitan.config import CompileConfig
+from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
+from torchtitan.tools.logging import logger
+from torchtitan.trainer import Trainer
+
+from torchtitan_neuron import platform
+from torchtitan_neuron.memory import sharded_state_bytes
+
+GRAD_CLIP_COMPONENT = "grad_clip"
+
+
+def require_jit_mode(compile_config) -> None:
+    """SimpleFSDP on this path runs only in jit mode: refuse anything else."""
+    mode = getattr(compile_config, "mode", "jit")
+    if compile_config.enable and mode != "jit":
+        raise ValueError(
+            f"--compile.mode {mode} is not supported: jit is the only supported "
+            "compile mode for SimpleFSDP on Neuron in this release. Remove the "
+            "--compile.mode override (the recipe already sets mode=jit)."
+        )
+
+
+def resolve_compile_backend(compile_config: CompileConfig) -> None:
+    """Replace a platform-bound backend (``neuron``) with the local compiler."""
+    plat = platform.current()
+    requested = compile_config.backend
+    resolved = plat.resolve_compile_backend(requested)
+    if resolved != requested:
+        logger.info(
+            f"Compile backend '{requested}' resolves to '{resolved}' on "
+            f"{plat.name} (torch-neuronx is not installed)"
+        )
+        compile_config.backend = resolved
+
+
+def compile_grad_clip(backend: str):
+    """torchtitan's ``clip_grad_norm_`` compiled with ``backend``.
+
+    Same function, same arguments, so the clipped gradients and the returned
+    norm are those of the eager path, computed by one compiled graph (norms,
+    the cross-rank reduction of the DTensor norm, and the scaling).
+    """
+    return torch.compile(dist_utils.clip_grad_norm_, backend=backend)
+
+
+class _NeuronTrainerMixin:
+    def __init__(self, config):
+        platform.install()
+        resolve_compile_backend(config.compile)
+        super().__init__(config)
+        compile_config = self.config.compile
+        self._grad_clip_fn = None
+        if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:
+            self._grad_clip_fn = compile_grad_clip(compile_config.backend)
+            logger.info("Compiling gradient-norm clipping with torch.compile")
+
+    def train_step(self, data_iterator):
+        with platform.grad_clip_override(self._grad_clip_fn):
+            super().train_step(data_iterator)
+        if self.step == 1:
+            # After the first step the gradients and optimizer state exist.
+            state = sharded_state_bytes(self.model_parts, self.optimizers)
+            logger.info(f"Per-rank sharded state: {state.describe()}")
+
+
+class NeuronTrainer(_NeuronTrainerMixin, Trainer):
+    """torchtitan's Trainer with backend resolution and compiled grad clipping."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        pass
+
+
+class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
+    """GraphTrainer for SimpleFSDP recipes on the Neuron JIT path."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GraphTrainer.Config):
+        def __post_init__(self):
+            # zero-argument super() does not work in slots dataclasses.
+            GraphTrainer.Config.__post_init__(self)
+            require_jit_mode(self.compile)
