@@ -22,6 +22,14 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 
+# Validate the config in one process first: errors show once, before any rank.
+for arg in "$@"; do
+    case "$arg" in -h|--help)
+        exec "$PYTHON" -m torchtitan_neuron.preflight --module "$MODULE" --config "$CONFIG" "$@" ;;
+    esac
+done
+"$PYTHON" -m torchtitan_neuron.preflight --module "$MODULE" --config "$CONFIG" "$@"
+
 # torchrun forwards SIGINT/SIGTERM to every rank; exec so Ctrl-C reaches it directly.
 exec "$PYTHON" -m torch.distributed.run \
     --nproc_per_node="$NGPU" \

@@ -69,7 +69,7 @@ def run_train(
     full_env.update(env or {})
     extra = [f"--dump_folder={dump_folder}"] if dump_folder else []
     proc = subprocess.run(
-        ["./run_train.sh", *args, *extra],
+        ["./run_train.sh", *extra, *args],
         cwd=REPO,
         env=full_env,
         stdout=subprocess.PIPE,
@@ -83,3 +83,8 @@ def run_train(
 @pytest.fixture
 def dump_folder(tmp_path):
     return tmp_path / "outputs"
+
+
+@pytest.fixture
+def run():
+    return run_train
