@@ -61,7 +61,7 @@ def test_ctrl_c_stops_every_rank(tmp_path):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
-    seen = []
+    seen, ranks = [], set()
     try:
         deadline = time.monotonic() + 300
         for line in proc.stdout:
@@ -77,6 +77,9 @@ def test_ctrl_c_stops_every_rank(tmp_path):
         proc.communicate(timeout=30)
         elapsed = time.monotonic() - start
     finally:
+        # torchrun starts its workers in their own sessions: clean up both.
+        for pid in _alive(ranks | _descendants(proc.pid)):
+            os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
