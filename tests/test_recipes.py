@@ -17,6 +17,8 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.attention import ScaledDotProductAttention
 
+from torchtitan_neuron.models.experts import LocalExperts
+from torchtitan_neuron.models.moe import register_load_balancing_hook
 from torchtitan_neuron.trainer import NeuronGraphTrainer, NeuronTrainer
 
 GRAPH_LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
@@ -34,6 +36,21 @@ PLAIN_RECIPES = [
     "llama3_8b_neuron_compiled",
     "llama3_debugmodel_neuron",
     "llama3_debugmodel_neuron_compiled",
+]
+DS_GRAPH = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
+DS_PLAIN = "torchtitan_neuron.models.deepseek_v3"
+# (module, recipe, world size, expected (tp, dp_shard), AC type or None for as-upstream)
+TP_RECIPES = [
+    (DS_PLAIN, "deepseek_v3_16b_neuron_tp4_fsdp16", 64, (4, 16), None),
+    (DS_GRAPH, "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16", 64, (4, 16), SelectiveAC.Config),
+    (DS_GRAPH, "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16_fac", 64, (4, 16), FullAC.Config),
+    (DS_PLAIN, "deepseek_v3_debugmodel_neuron_tp2_fsdp2", 4, (2, 2), None),
+    (DS_GRAPH, "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", 4, (2, 2), SelectiveAC.Config),
+    (DS_GRAPH, "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2_fac", 4, (2, 2), FullAC.Config),
+    ("torchtitan_neuron.models.qwen3", "qwen3_8b_tp4_fsdp16_sac", 64, (4, 16), SelectiveAC.Config),
+    ("torchtitan_neuron.models.qwen3", "qwen3_debugmodel_tp2_fsdp2_sac", 4, (2, 2), SelectiveAC.Config),
+    (PLAIN_LLAMA, "llama3_8b_tp4_fsdp16_sac", 64, (4, 16), SelectiveAC.Config),
+    (PLAIN_LLAMA, "llama3_debugmodel_tp2_fsdp2_sac", 4, (2, 2), SelectiveAC.Config),
 ]
 
 
@@ -106,3 +123,30 @@ def test_non_jit_mode_is_refused_at_parse_time(mode, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert f"--compile.mode {mode} is not supported" in err
     assert "jit is the only supported compile mode for SimpleFSDP" in err
+
+
+@pytest.mark.parametrize("module, name, world, layout, ac_type", TP_RECIPES)
+def test_tp_recipes(module, name, world, layout, ac_type):
+    config = parse(module, name)
+    dims = _layout(config, world)
+    assert (dims.tp, dims.dp_shard) == layout
+    if ac_type is not None:
+        assert type(config.activation_checkpoint) is ac_type
+    for layer in config.model_spec.model.layers:
+        assert layer.attention.rope.use_prefix_cache_for_positions
+    if module == DS_GRAPH:
+        assert type(config) is NeuronGraphTrainer.Config
+        assert config.compile.mode == "jit" and config.compile.backend == "neuron"
+        assert config.compile.components == ["model", "loss", "grad_clip"]
+    if "deepseek" in name:
+        assert config.model_spec.post_optimizer_build_fn is register_load_balancing_hook
+        moes = [l.moe for l in config.model_spec.model.layers if getattr(l, "moe", None)]
+        assert moes and all(
+            isinstance(m.routed_experts.inner_experts, LocalExperts.Config) for m in moes
+        )
+        assert config.hf_assets_path == "./tests/assets/tokenizer"
+    if "16b" in name:
+        # TP4 x FSDP16 reaches the recipe's own global batch of 64 sequences.
+        local = config.training.local_batch_size
+        assert config.training.global_batch_size == 64
+        assert 64 % (local * dims.dp_shard) == 0

@@ -22,6 +22,7 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
 from torchtitan_neuron.memory import sharded_state_bytes
+from torchtitan_neuron.models.moe import expert_balance_stats
 
 GRAD_CLIP_COMPONENT = "grad_clip"
 
@@ -60,11 +61,25 @@ def compile_grad_clip(backend: str):
     return torch.compile(dist_utils.clip_grad_norm_, backend=backend)
 
 
+def _force_sum_reductions_on_gloo(model_parts) -> None:
+    """FSDP2 reduce-scatters with PREMUL_SUM when torchtitan sets a gradient
+    divide factor; gloo has no PREMUL_SUM. Sum, then scale, instead."""
+    if platform.current().dist_backend != "gloo":
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+
 class _NeuronTrainerMixin:
     def __init__(self, config):
         platform.install()
         resolve_compile_backend(config.compile)
         super().__init__(config)
+        _force_sum_reductions_on_gloo(self.model_parts)
         compile_config = self.config.compile
         self._grad_clip_fn = None
         if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:
@@ -78,6 +93,15 @@ class _NeuronTrainerMixin:
             # After the first step the gradients and optimizer state exist.
             state = sharded_state_bytes(self.model_parts, self.optimizers)
             logger.info(f"Per-rank sharded state: {state.describe()}")
+        if self.metrics_processor.should_log(self.step):
+            stats = expert_balance_stats(self.model_parts)
+            if stats is not None:
+                logger.info(
+                    f"step: {self.step:2}  expert_imbalance: {stats[0]:.4f}  "
+                    f"expert_bias_spread: {stats[1]:.5f}  "
+                    "(max/mean tokens per expert; max-min expert bias; "
+                    "means over MoE layers)"
+                )
 
 
 class NeuronTrainer(_NeuronTrainerMixin, Trainer):

@@ -12,7 +12,7 @@ from torchtitan.models.llama3 import llama3_configs
 from torchtitan.models.llama3 import model_registry as llama3_model_registry
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.rope import convert_decoder_rope
+from torchtitan_neuron.models.common import neuron_decoder_config
 
 
 def model_registry(flavor: str, attn_backend: str = "sdpa") -> ModelSpec:
@@ -22,5 +22,4 @@ def model_registry(flavor: str, attn_backend: str = "sdpa") -> ModelSpec:
     # graph_trainer's builder swaps it in per layer (SDPA ignores document
     # boundaries, see the README).
     config = build_decoder_config_for_backend(llama3_configs[flavor], attn_backend)
-    convert_decoder_rope(config)
-    return replace(spec, model=config)
+    return replace(spec, model=neuron_decoder_config(config, None))

@@ -8,13 +8,12 @@ from dataclasses import replace
 from torchtitan.experiments.graph_trainer.llama3 import (
     model_registry as graph_trainer_model_registry,
 )
-from torchtitan.models.utils import validate_converter_order
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.rope import convert_decoder_rope
+from torchtitan_neuron.models.common import neuron_decoder_config
 
-from .parallelize import parallelize_llama
+from ..parallelize import parallelize_llama
 
 
 def model_registry(
@@ -25,12 +24,9 @@ def model_registry(
     """graph_trainer's Llama 3 spec with the prefix-cache RoPE switch available
     on every layer and this project's parallelize function."""
     spec = graph_trainer_model_registry(flavor, attn_backend=attn_backend)
-    config = spec.model
-    convert_decoder_rope(config)
-    if converters is not None:
-        validate_converter_order(converters)
-        for converter in converters:
-            config = converter.build().convert(config)
     return replace(
-        spec, name="simple_fsdp/llama3", model=config, parallelize_fn=parallelize_llama
+        spec,
+        name="simple_fsdp/llama3",
+        model=neuron_decoder_config(spec.model, converters),
+        parallelize_fn=parallelize_llama,
     )

@@ -1,16 +1,21 @@
-"""SimpleFSDP parallelization for Llama on the Neuron JIT path.
+"""SimpleFSDP parallelization for the Neuron JIT path (Llama and DeepSeek).
 
-Upstream's graph_trainer ``parallelize_llama`` in 0.3.0 applies TP, SimpleFSDP
-and compile but ignores ``ac_config``. This is the same sequence, built from
-upstream's pieces, with activation checkpointing and reshard-after-forward
-applied between TP and SimpleFSDP.
+Upstream's graph_trainer ``parallelize_llama`` / ``parallelize_deepseekv3`` in
+0.3.0 apply TP (and EP), SimpleFSDP and compile but ignore ``ac_config``. This
+is the same sequence, built from upstream's pieces, with activation
+checkpointing and reshard-after-forward applied between TP and SimpleFSDP.
 """
+
+from collections.abc import Callable
 
 from torchtitan.experiments.graph_trainer.common_utils import (
     apply_cp_to_attention,
     apply_simple_fsdp,
 )
 from torchtitan.experiments.graph_trainer.compile import apply_compile
+from torchtitan.experiments.graph_trainer.deepseek_v3.parallelize import (
+    annotate_deepseekv3,
+)
 from torchtitan.experiments.graph_trainer.llama3.parallelize import annotate_llama
 
 from torchtitan_neuron.activation_checkpoint import (
@@ -19,9 +24,10 @@ from torchtitan_neuron.activation_checkpoint import (
 )
 
 
-def parallelize_llama(
+def parallelize_simple_fsdp(
     model,
     *,
+    annotate: Callable,
     parallel_dims,
     training,
     parallelism,
@@ -29,7 +35,7 @@ def parallelize_llama(
     ac_config,
     dump_folder: str,
 ):
-    """TP, then activation checkpointing, then SimpleFSDP, then torch.compile."""
+    """TP/EP, then activation checkpointing, then SimpleFSDP, then torch.compile."""
     if training.seq_len % parallel_dims.seq_len_divisor != 0:
         raise ValueError(
             f"--training.seq_len {training.seq_len} must be divisible by "
@@ -40,8 +46,8 @@ def parallelize_llama(
     if parallel_dims.cp_enabled:
         apply_cp_to_attention(model, parallel_dims)
     # Annotate before AC wraps the blocks, so FX nodes carry clean module FQNs.
-    annotate_llama(model)
-    if parallel_dims.tp_enabled:
+    annotate(model)
+    if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
         model.parallelize(parallel_dims)
     apply_activation_checkpointing(model, ac_config, dump_folder)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
@@ -53,3 +59,11 @@ def parallelize_llama(
         parallel_dims=parallel_dims,
         dump_folder=dump_folder,
     )
+
+
+def parallelize_llama(model, **kwargs):
+    return parallelize_simple_fsdp(model, annotate=annotate_llama, **kwargs)
+
+
+def parallelize_deepseekv3(model, **kwargs):
+    return parallelize_simple_fsdp(model, annotate=annotate_deepseekv3, **kwargs)

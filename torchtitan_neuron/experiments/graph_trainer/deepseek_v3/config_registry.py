@@ -1,0 +1,66 @@
+"""SimpleFSDP DeepSeek-V3 recipes for the Neuron JIT path.
+
+Each derives from a plain Neuron recipe (TP layout, expert-kernel conversion,
+load-balancing hook), turns on torch.compile on the ``neuron`` backend over the
+model, the loss and gradient clipping, converts through ``neuron_simple_fsdp``
+(jit mode), and then adjusts batch and sequence sizing.
+"""
+
+from collections.abc import Callable
+
+from torchtitan.config import CompileConfig
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.trainer import Trainer
+
+from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fsdp
+from torchtitan_neuron.models.deepseek_v3.config_registry import (
+    deepseek_v3_16b_neuron_tp4_fsdp16,
+    deepseek_v3_debugmodel_neuron_tp2_fsdp2,
+)
+from torchtitan_neuron.trainer import NeuronGraphTrainer
+
+from . import model_registry
+
+
+def _neuron_simple_fsdp_deepseek_v3_config(
+    config_factory: Callable[[], Trainer.Config],
+    *,
+    full_ac: bool = False,
+    local_batch_size: int | None = None,
+    seq_len: int | None = None,
+) -> NeuronGraphTrainer.Config:
+    base = config_factory()
+    base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
+    base.compile = CompileConfig(
+        enable=True, components=["model", "loss", "grad_clip"], backend="neuron"
+    )
+    config = neuron_simple_fsdp(base, model_registry, model_name="simple_fsdp/deepseek_v3")
+    if local_batch_size is not None:
+        config.training.local_batch_size = local_batch_size
+    if seq_len is not None:
+        config.training.seq_len = seq_len
+    return config
+
+
+def simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16() -> NeuronGraphTrainer.Config:
+    # The whole step is one graph whose activations stay live until backward:
+    # a local batch of 1 at seq 4096 (global 64 by 4 accumulation steps).
+    return _neuron_simple_fsdp_deepseek_v3_config(
+        deepseek_v3_16b_neuron_tp4_fsdp16, local_batch_size=1, seq_len=4096
+    )
+
+
+def simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16_fac() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_deepseek_v3_config(
+        deepseek_v3_16b_neuron_tp4_fsdp16, full_ac=True, local_batch_size=1, seq_len=4096
+    )
+
+
+def simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_deepseek_v3_config(deepseek_v3_debugmodel_neuron_tp2_fsdp2)
+
+
+def simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2_fac() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_deepseek_v3_config(
+        deepseek_v3_debugmodel_neuron_tp2_fsdp2, full_ac=True
+    )

@@ -1,0 +1,149 @@
+"""Expert-kernel conversion for MoE layers.
+
+``ExpertKernelConverter`` is a ``ModelConfigConverter``: it swaps every MoE
+layer's grouped-experts config for ``LocalExperts.Config`` with an
+``implementation``:
+
+- ``grouped_mm``: ``torch._grouped_mm``, one grouped GEMM per projection
+  (torchtitan's own path);
+- ``loop``: one GEMM per expert over its slice of the expert-sorted tokens;
+- ``auto``: on neuron, ``grouped_mm`` (what torch-neuronx compiles); elsewhere
+  both are timed once per expert shape on this process's threads and the
+  faster is used (logged).
+
+Both compute the same function, forward and backward, including experts that
+receive no tokens, and both trace under torch.compile(fullgraph=True).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.protocols.model import ModelConfigConverter
+from torchtitan.tools.logging import logger
+
+from torchtitan_neuron import platform
+
+ExpertImplementation = Literal["auto", "grouped_mm", "loop"]
+
+
+def grouped_mm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(A, B_t, offs=offs)
+
+
+def per_expert_loop(
+    A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """``A[rows of e] @ B_t[e]`` for each expert e, rows given by end offsets."""
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1)).tolist()
+    for size in sizes:
+        torch._check(size >= 0)
+    torch._check(sum(sizes) == A.shape[0])
+    return torch.cat([a @ b for a, b in zip(A.split(sizes), B_t.unbind(0))])
+
+
+_KERNELS = {"grouped_mm": grouped_mm, "loop": per_expert_loop}
+_measured: dict[tuple[int, int, int], str] = {}
+
+
+def _time(fn, *args, repeats: int = 3) -> float:
+    fn(*args)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_fastest(dim: int, hidden_dim: int, num_experts: int, tokens: int = 2048) -> str:
+    """Time both kernels on uneven random routing (one expert idle), bf16."""
+    key = (dim, hidden_dim, num_experts)
+    if key not in _measured:
+        # Models are built under a meta-device context; time on real memory.
+        with torch.device("cpu"):
+            choice = [_measure(dim, hidden_dim, num_experts, tokens)]
+        # Every rank runs rank 0's choice, so all ranks trace the same graph.
+        if torch.distributed.is_initialized():
+            torch.distributed.broadcast_object_list(choice, src=0)
+        _measured[key] = choice[0]
+    return _measured[key]
+
+
+def _measure(dim: int, hidden_dim: int, num_experts: int, tokens: int) -> str:
+    gen = torch.Generator().manual_seed(0)
+    A = torch.randn(tokens, dim, dtype=torch.bfloat16, device="cpu", generator=gen)
+    B_t = torch.randn(
+        num_experts, dim, hidden_dim, dtype=torch.bfloat16, device="cpu", generator=gen
+    )
+    counts = torch.randint(0, 2 * tokens // num_experts, (num_experts,), generator=gen)
+    counts[0] = 0
+    offs = torch.cumsum(counts, 0).clamp_max(tokens).to(torch.int32)
+    offs[-1] = tokens
+    times = {name: _time(fn, A, B_t, offs) for name, fn in _KERNELS.items()}
+    fastest = min(times, key=times.get)
+    logger.info(
+        f"Expert kernel for {num_experts} experts {dim}x{hidden_dim}: {fastest} ("
+        + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in times.items())
+        + ")"
+    )
+    return fastest
+
+
+def resolve_implementation(
+    requested: ExpertImplementation, dim: int, hidden_dim: int, num_experts: int
+) -> str:
+    if requested != "auto":
+        return requested
+    if platform.current().name == "neuron":
+        return "grouped_mm"
+    return measure_fastest(dim, hidden_dim, num_experts)
+
+
+class LocalExperts(GroupedExperts):
+    """torchtitan's GroupedExperts with a selectable grouped-GEMM kernel."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GroupedExperts.Config):
+        implementation: ExpertImplementation = "auto"
+        """grouped_mm, loop, or auto (fastest measured on this platform)."""
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.implementation = resolve_implementation(
+            config.implementation, config.dim, config.hidden_dim, config.num_experts
+        )
+        self._kernel = _KERNELS[self.implementation]
+
+    def _grouped_mm(
+        self, *, A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor
+    ) -> torch.Tensor:
+        return self._kernel(A, B_t, offs)
+
+
+class ExpertKernelConverter(ModelConfigConverter):
+    """Put every MoE layer's experts on the chosen expert kernel."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ModelConfigConverter.Config):
+        implementation: ExpertImplementation = "auto"
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def convert(self, model_config):
+        for layer in model_config.layers:
+            moe = getattr(layer, "moe", None)
+            if moe is None:
+                continue
+            inner = moe.routed_experts.inner_experts
+            values = {f.name: getattr(inner, f.name) for f in fields(GroupedExperts.Config)}
+            moe.routed_experts.inner_experts = LocalExperts.Config(
+                **values, implementation=self.config.implementation
+            )
+        return model_config
