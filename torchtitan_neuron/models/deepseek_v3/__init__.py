@@ -5,15 +5,12 @@ Select with ``--module torchtitan_neuron.models.deepseek_v3``.
 
 from dataclasses import replace
 
-from torchtitan.experiments.graph_trainer.common_utils import (
-    build_decoder_config_for_backend,
-)
 from torchtitan.models.deepseek_v3 import deepseekv3_configs
 from torchtitan.models.deepseek_v3 import model_registry as deepseek_v3_model_registry
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.common import neuron_decoder_config
+from torchtitan_neuron.models.common import neuron_model_spec
 from torchtitan_neuron.models.moe import register_load_balancing_hook
 
 
@@ -24,15 +21,13 @@ def model_registry(
 ) -> ModelSpec:
     """Upstream's DeepSeek-V3 spec on SDPA, with the prefix-cache RoPE switch,
     count-once MoE layers, ``converters``, and this project's load-balancing hook."""
-    spec = deepseek_v3_model_registry(flavor)
-    config = build_decoder_config_for_backend(
-        deepseekv3_configs[flavor],
-        attn_backend,
+    spec = neuron_model_spec(
+        deepseek_v3_model_registry,
+        deepseekv3_configs,
+        flavor,
+        attn_backend=attn_backend,
+        converters=converters,
         moe_comm_backend="standard",
         non_blocking_capacity_factor=None,
     )
-    return replace(
-        spec,
-        model=neuron_decoder_config(config, converters),
-        post_optimizer_build_fn=register_load_balancing_hook,
-    )
+    return replace(spec, post_optimizer_build_fn=register_load_balancing_hook)

@@ -3,23 +3,15 @@
 Select with ``--module torchtitan_neuron.models.llama3``.
 """
 
-from dataclasses import replace
-
-from torchtitan.experiments.graph_trainer.common_utils import (
-    build_decoder_config_for_backend,
-)
 from torchtitan.models.llama3 import llama3_configs
 from torchtitan.models.llama3 import model_registry as llama3_model_registry
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.common import neuron_decoder_config
+from torchtitan_neuron.models.common import neuron_model_spec
 
 
 def model_registry(flavor: str, attn_backend: str = "sdpa") -> ModelSpec:
     """Upstream's Llama 3 spec on SDPA with the prefix-cache RoPE switch."""
-    spec = llama3_model_registry(flavor)
-    # Upstream's get_attention_config refuses "sdpa" for language models;
-    # graph_trainer's builder swaps it in per layer (SDPA ignores document
-    # boundaries, see the README).
-    config = build_decoder_config_for_backend(llama3_configs[flavor], attn_backend)
-    return replace(spec, model=neuron_decoder_config(config, None))
+    return neuron_model_spec(
+        llama3_model_registry, llama3_configs, flavor, attn_backend=attn_backend
+    )
