@@ -10,6 +10,7 @@ Run: .venv/bin/python -m pytest tests/test_platform.py -q
 """
 
 import ast
+import os
 import importlib
 import pathlib
 
@@ -116,3 +117,14 @@ def test_peak_flops_can_be_configured(monkeypatch):
     monkeypatch.setenv(platform.CPU_PEAK_FLOPS_ENV, "fast")
     with pytest.raises(ValueError, match=platform.CPU_PEAK_FLOPS_ENV):
         platform.cpu_peak_flops()
+
+
+def test_each_rank_gets_its_own_compile_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    path = platform.per_rank_compile_cache()
+    assert path == str(tmp_path / "rank3-of-4")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
+    monkeypatch.delenv("RANK")
+    assert platform.per_rank_compile_cache() is None

@@ -295,6 +295,28 @@ def _install_cpu() -> list[str]:
     return touched
 
 
+def per_rank_compile_cache() -> str | None:
+    """Give this rank its own inductor/AOTAutograd cache directory.
+
+    Ranks on one host share ``/tmp/torchinductor_<user>`` by default. Under TP
+    x FSDP, ranks of different subgroups trace graphs that differ only in the
+    name of their process group, and torch 2.14's AOTAutograd cache serves
+    one rank's compiled code to another: seen here as "Could not resolve the
+    process group registered under the name 23" on a 4-rank TP2 x FSDP2
+    DeepSeek run with inductor. ``$TORCHINDUCTOR_CACHE_DIR`` (or torch's
+    default) stays the root; each rank uses ``<root>/rank<R>-of-<N>``.
+    """
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    path = os.path.join(root, f"rank{rank}-of-{world}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
 def install(platform: Platform | None = None) -> Platform:
     """Adapt torchtitan's device globals to the detected platform, once.
 
@@ -302,19 +324,22 @@ def install(platform: Platform | None = None) -> Platform:
     module listed in ``DEVICE_GLOBAL_COPIES``, makes ``get_local_device``
     return the host device, and points MFU at the CPU matmul peak. On neuron
     and cuda, torchtitan's own detection is already right and nothing is
-    touched. Calling it again is a no-op.
+    touched. On every platform a launched rank gets its own compile cache
+    (``per_rank_compile_cache``). Calling it again is a no-op.
     """
     global _installed
     if _installed is not None:
         return _installed
     platform = platform or detect()
     touched = _install_cpu() if platform.name == "cpu" else []
+    cache = per_rank_compile_cache()
     _installed = platform
     logger.info(
         f"torchtitan_neuron platform: {platform.name} (device {platform.device_type}, "
         f"process group {platform.dist_backend}, compile backend "
         f"{platform.compile_backend})"
         + (f"; adapted {len(touched)} torchtitan globals for CPU" if touched else "")
+        + (f"; compile cache {cache}" if cache else "")
     )
     return _installed
 

@@ -9,8 +9,11 @@ import sys
 
 
 def main() -> None:
+    from torchtitan.tools.logging import init_logger
+
     from torchtitan_neuron import platform
 
+    init_logger()  # so install()'s report is printed; torchtitan's main re-inits
     platform.install()
 
     import torchtitan.train
