@@ -50,7 +50,8 @@ UNPATCHED_DEVICE_COPIES = frozenset(
 # them elsewhere. On CPU, inductor (C++ codegen) beat aot_eager in steady
 # state (see README, "Choosing the CPU compile backend").
 _LOCAL_COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
-_PLATFORM_ONLY_BACKENDS = {"neuron": "neuron"}
+NEURON_COMPILE_BACKEND = "neuron"
+_PLATFORM_ONLY_BACKENDS = {NEURON_COMPILE_BACKEND: "neuron"}
 
 CPU_PEAK_FLOPS_ENV = "TORCHTITAN_NEURON_CPU_PEAK_FLOPS"
 
@@ -63,6 +64,11 @@ class Platform:
     dist_backend: str
     compile_backend: str
     """What a recipe's ``backend="neuron"`` means on this platform."""
+
+    @property
+    def has_premul_sum(self) -> bool:
+        """Whether the process group offers ReduceOp.PREMUL_SUM (gloo does not)."""
+        return self.dist_backend != "gloo"
 
     def resolve_compile_backend(self, requested: str) -> str:
         """Map a requested compile backend onto one that exists here.

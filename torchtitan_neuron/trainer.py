@@ -27,6 +27,16 @@ from torchtitan_neuron.models.moe import expert_balance_stats
 GRAD_CLIP_COMPONENT = "grad_clip"
 
 
+def neuron_compile_config() -> CompileConfig:
+    """torch.compile on the ``neuron`` backend over the model, the loss and
+    gradient-norm clipping: what every compiled Neuron recipe turns on."""
+    return CompileConfig(
+        enable=True,
+        components=["model", "loss", GRAD_CLIP_COMPONENT],
+        backend=platform.NEURON_COMPILE_BACKEND,
+    )
+
+
 def require_jit_mode(compile_config) -> None:
     """SimpleFSDP on this path runs only in jit mode: refuse anything else."""
     mode = getattr(compile_config, "mode", "jit")
@@ -64,7 +74,7 @@ def compile_grad_clip(backend: str):
 def _force_sum_reductions_on_gloo(model_parts) -> None:
     """FSDP2 reduce-scatters with PREMUL_SUM when torchtitan sets a gradient
     divide factor; gloo has no PREMUL_SUM. Sum, then scale, instead."""
-    if platform.current().dist_backend != "gloo":
+    if platform.current().has_premul_sum:
         return
     from torch.distributed.fsdp import FSDPModule
 

@@ -2,11 +2,11 @@
 
 from dataclasses import fields
 
-from torchtitan.config import CompileConfig
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron.trainer import NeuronTrainer
+from torchtitan_neuron import platform
+from torchtitan_neuron.trainer import NeuronTrainer, neuron_compile_config
 
 
 def neuron_trainer_config(
@@ -27,10 +27,8 @@ def neuron_trainer_config(
     if tp is not None:
         base.parallelism.tensor_parallel_degree = tp
     if compiled:
-        base.compile = CompileConfig(
-            enable=True, components=["model", "loss", "grad_clip"], backend="neuron"
-        )
+        base.compile = neuron_compile_config()
     elif base.compile.enable:
         # Whatever upstream compiles (e.g. DeepSeek's loss), compile it for Neuron.
-        base.compile.backend = "neuron"
+        base.compile.backend = platform.NEURON_COMPILE_BACKEND
     return NeuronTrainer.Config(**{f.name: getattr(base, f.name) for f in fields(base)})

@@ -8,7 +8,6 @@ model, the loss and gradient clipping, converts through ``neuron_simple_fsdp``
 
 from collections.abc import Callable
 
-from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.trainer import Trainer
 
@@ -17,7 +16,7 @@ from torchtitan_neuron.models.deepseek_v3.config_registry import (
     deepseek_v3_16b_neuron_tp4_fsdp16,
     deepseek_v3_debugmodel_neuron_tp2_fsdp2,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer
+from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
 
 from . import model_registry
 
@@ -31,9 +30,7 @@ def _neuron_simple_fsdp_deepseek_v3_config(
 ) -> NeuronGraphTrainer.Config:
     base = config_factory()
     base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
-    base.compile = CompileConfig(
-        enable=True, components=["model", "loss", "grad_clip"], backend="neuron"
-    )
+    base.compile = neuron_compile_config()
     config = neuron_simple_fsdp(base, model_registry, model_name="simple_fsdp/deepseek_v3")
     if local_batch_size is not None:
         config.training.local_batch_size = local_batch_size
