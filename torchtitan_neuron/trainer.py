@@ -6,10 +6,17 @@
   (torchtitan 0.3.0 always runs it eagerly).
 - SimpleFSDP recipes accept only ``--compile.mode jit``; anything else is
   refused when the config is parsed, before a model is built.
+- With ``--debug.seed`` the initial weights do not depend on the layout
+  (``torchtitan_neuron.init``).
+- A non-finite loss or gradient norm stops the run on the step where it
+  appears, before the optimizer applies that step's update.
+- The step line says how many gradient-accumulation steps make the batch.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +28,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
+from torchtitan_neuron.init import layout_invariant_init
 from torchtitan_neuron.memory import sharded_state_bytes
 from torchtitan_neuron.models.moe import expert_balance_stats
 
@@ -84,20 +92,109 @@ def _force_sum_reductions_on_gloo(model_parts) -> None:
                 module.set_force_sum_reduction_for_comms(True)
 
 
+class NonFiniteError(RuntimeError):
+    """A step produced a NaN or inf loss or gradient norm."""
+
+
+class _StepLineSuffix(logging.Filter):
+    """Appends a fixed text to torchtitan's per-step metrics line."""
+
+    def __init__(self, suffix: str):
+        super().__init__()
+        self.suffix = suffix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.funcName == "log"
+            and record.module == "metrics"
+            and isinstance(record.msg, str)
+            and "step:" in record.msg
+            and self.suffix not in record.msg
+        ):
+            record.msg = record.msg + self.suffix
+        return True
+
+
 class _NeuronTrainerMixin:
     def __init__(self, config):
         platform.install()
         resolve_compile_backend(config.compile)
-        super().__init__(config)
+        seed = config.debug.seed
+        with layout_invariant_init(seed):
+            super().__init__(config)
+        if seed is not None:
+            logger.info(
+                f"Initial weights drawn per parameter from seed {seed}, "
+                "independent of the parallel layout"
+            )
         _force_sum_reductions_on_gloo(self.model_parts)
         compile_config = self.config.compile
-        self._grad_clip_fn = None
+        clip = dist_utils.clip_grad_norm_
         if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:
-            self._grad_clip_fn = compile_grad_clip(compile_config.backend)
+            clip = compile_grad_clip(compile_config.backend)
             logger.info("Compiling gradient-norm clipping with torch.compile")
+        self._clip_then_check = self._guarded(clip)
+        self._step_loss: torch.Tensor | None = None
+        self._step_line_suffix = _StepLineSuffix(
+            f"  grad_accum: {self.gradient_accumulation_steps}"
+        )
+        logger.addFilter(self._step_line_suffix)
+
+    def forward_backward_step(self, **kwargs) -> torch.Tensor:
+        loss = super().forward_backward_step(**kwargs)
+        detached = loss.detach().float()
+        if self._step_loss is None:
+            self._step_loss = detached.clone()
+        else:
+            self._step_loss += detached
+        return loss
+
+    def _guarded(self, clip):
+        """``clip``, then stop if this step's loss or gradient norm is not
+        finite: torchtitan's optimizer step comes right after clipping."""
+
+        def clip_then_check(*args, **kwargs):
+            grad_norm = clip(*args, **kwargs)
+            self._check_finite(grad_norm)
+            return grad_norm
+
+        return clip_then_check
+
+    def _check_finite(self, grad_norm: torch.Tensor) -> None:
+        local = self._step_loss
+        self._step_loss = None
+        if local is None:
+            return
+        # The same reduction torchtitan logs, so every rank sees the same
+        # figure and they all stop together (no rank left in a collective).
+        if self.parallel_dims.dp_cp_enabled:
+            loss = dist_utils.dist_sum(local, self.parallel_dims.get_optional_mesh("loss"))
+        else:
+            loss = float(local.item())
+        norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        bad = [
+            f"{name} is {value}"
+            for name, value in (("loss", loss), ("gradient norm", norm))
+            if not math.isfinite(value)
+        ]
+        if bad:
+            raise NonFiniteError(
+                f"Step {self.step}: {' and '.join(bad)} (loss={loss}, "
+                f"grad_norm={norm}). Training stopped before the optimizer "
+                f"applied step {self.step}'s update; no checkpoint is written for "
+                "it, and earlier checkpoints are untouched. Resume from the last "
+                "checkpoint with a lower --optimizer.lr or a smaller "
+                "--training.max_norm, or check the data of this step."
+            )
+
+    def close(self) -> None:
+        suffix = getattr(self, "_step_line_suffix", None)
+        if suffix is not None:
+            logger.removeFilter(suffix)
+        super().close()
 
     def train_step(self, data_iterator):
-        with platform.grad_clip_override(self._grad_clip_fn):
+        with platform.grad_clip_override(self._clip_then_check):
             super().train_step(data_iterator)
         if self.step == 1:
             # After the first step the gradients and optimizer state exist.

@@ -6,6 +6,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
+from torchtitan_neuron.data import layout_invariant
 from torchtitan_neuron.trainer import NeuronTrainer, neuron_compile_config
 
 
@@ -16,11 +17,13 @@ def neuron_trainer_config(
     tp: int | None = None,
     compiled: bool = False,
 ) -> NeuronTrainer.Config:
-    """``base`` on ``model_spec`` with the prefix-cache rotary path, an optional
+    """``base`` on ``model_spec`` with the layout-invariant text loader, the
+    prefix-cache rotary path, an optional
     pinned TP degree, and torch.compile on the ``neuron`` backend: over the
     model, the loss and gradient clipping if ``compiled``, else over whatever
     the base recipe already compiles."""
     base.model_spec = model_spec
+    base.dataloader = layout_invariant(base.dataloader)
     # Neuron does not support the RoPE gather; use the prefix-cache positions path.
     for layer in model_spec.model.layers:
         layer.attention.rope.use_prefix_cache_for_positions = True

@@ -2,7 +2,9 @@
 
 It turns a base Trainer recipe into a GraphTrainer recipe whose compile
 settings are the base's (``enable``, ``components``, ``backend``) with the mode
-fixed to ``jit``, the only mode SimpleFSDP supports on Neuron in this release.
+fixed to ``jit``, the only mode SimpleFSDP supports on Neuron in this release,
+and torchtitan's text loader replaced by the layout-invariant one
+(``torchtitan_neuron.data``) with the same settings.
 """
 
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from torchtitan.experiments.graph_trainer.configs import (
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
+from torchtitan_neuron.data import layout_invariant
 from torchtitan_neuron.trainer import NeuronGraphTrainer
 
 
@@ -33,6 +36,7 @@ def neuron_simple_fsdp(
     # project applies the base recipe's own choice per block.
     graph_config.activation_checkpoint = base.activation_checkpoint
     graph_config.model_spec.name = model_name
+    graph_config.dataloader = layout_invariant(graph_config.dataloader)
     graph_config.compile = GraphTrainerCompileConfig(
         enable=compile_config.enable,
         components=list(compile_config.components),

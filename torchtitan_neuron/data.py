@@ -1,0 +1,229 @@
+"""A text dataloader whose batches do not depend on the data-parallel layout.
+
+torchtitan's ``HuggingFaceTextDataLoader`` gives each data-parallel rank its
+own slice of the documents (``split_dataset_by_node``) and packs each slice
+separately, so 1 rank, 2 ranks and 4 ranks train on different sequences, and
+its checkpointed state cannot be loaded at another data-parallel degree.
+
+This loader packs one global stream of sequences, exactly as torchtitan packs
+a single rank's stream (same tokenization, the same in-document shift of
+inputs and labels, the same per-document positions), and cuts it into global
+micro-batches of ``local_batch_size x dp_world_size`` consecutive sequences;
+data-parallel rank ``r`` takes sequences ``[r*B, (r+1)*B)`` of each one. So a
+global batch is the same set of sequences however it is reached (a larger
+local batch, more ranks, or accumulation steps), and the loader's state (a
+position in the global stream, identical on every rank) resumes at any
+data-parallel degree.
+
+The price: every rank tokenizes the whole stream, ``dp_world_size`` times the
+tokenization work of the split loader. For the CPU rehearsals this project
+targets that is a small share of a step.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.hf_datasets.text_datasets import (
+    HuggingFaceTextDataLoader,
+    _validate_dataset,
+)
+from torchtitan.tools.logging import logger
+
+STATE_KEY = "global_stream"
+
+
+class PackedTextStream:
+    """The global stream of packed ``seq_len`` sequences over a text dataset."""
+
+    def __init__(self, dataset_name: str, dataset_path: str | None,
+                 tokenizer: BaseTokenizer, seq_len: int, infinite: bool):
+        self.dataset_name = dataset_name.lower()
+        path, loader, self._text_of = _validate_dataset(self.dataset_name, dataset_path)
+        self._data = loader(path)
+        self._tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.infinite = infinite
+        self.sample_idx = 0
+        self.epoch = 0
+        self.sequence_idx = 0
+        self._inputs: list[int] = []
+        self._labels: list[int] = []
+        self._positions: list[int] = []
+        self._samples: Iterator[Any] | None = None
+
+    def _sample_iter(self) -> Iterator[Any]:
+        data = self._data
+        if self.epoch > 0 and hasattr(data, "shuffle"):
+            # The same per-epoch reshuffle torchtitan's loader applies.
+            data = data.shuffle(seed=42 + self.epoch)
+        if hasattr(data, "skip") and hasattr(data, "__len__"):
+            return iter(data.skip(self.sample_idx)) if self.sample_idx else iter(data)
+        it = iter(data)
+        for _ in range(self.sample_idx):
+            next(it)
+        return it
+
+    def _read_document(self) -> bool:
+        if self._samples is None:
+            self._samples = self._sample_iter()
+        try:
+            sample = next(self._samples)
+        except StopIteration:
+            if not self.infinite:
+                logger.warning(f"Dataset {self.dataset_name} has run out of data")
+                return False
+            self.epoch += 1
+            self.sample_idx = 0
+            self._samples = self._sample_iter()
+            logger.warning(
+                f"Dataset {self.dataset_name} is being re-looped (epoch {self.epoch})"
+            )
+            try:
+                sample = next(self._samples)
+            except StopIteration:
+                return False
+        tokens = self._tokenizer.encode(self._text_of(sample), add_bos=True, add_eos=True)
+        # Shift inside the document: a document's last input never predicts
+        # the next document's first token (torchtitan's packing).
+        self._inputs.extend(tokens[:-1])
+        self._labels.extend(tokens[1:])
+        self._positions.extend(range(len(tokens) - 1))
+        self.sample_idx += 1
+        return True
+
+    def next_sequence(self) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+        while len(self._inputs) < self.seq_len:
+            if not self._read_document():
+                return None
+        n = self.seq_len
+        positions = self._positions[:n]
+        offset = positions[0]
+        if offset > 0:
+            # A document continued from the previous sequence restarts at 0.
+            for i, p in enumerate(positions):
+                if p == 0:
+                    break
+                positions[i] = p - offset
+        item = (
+            {"input": torch.LongTensor(self._inputs[:n]),
+             "positions": torch.LongTensor(positions)},
+            torch.LongTensor(self._labels[:n]),
+        )
+        del self._inputs[:n], self._labels[:n], self._positions[:n]
+        self.sequence_idx += 1
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sample_idx": self.sample_idx,
+            "epoch": self.epoch,
+            "sequence_idx": self.sequence_idx,
+            "inputs_buffer": list(self._inputs),
+            "labels_buffer": list(self._labels),
+            "positions_buffer": list(self._positions),
+            "seq_len": self.seq_len,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seq_len"] != self.seq_len:
+            raise ValueError(
+                f"The checkpoint's data stream was packed at --training.seq_len "
+                f"{state['seq_len']}, this run uses {self.seq_len}; the stream "
+                "cannot be resumed at another sequence length. Resume with "
+                f"--training.seq_len {state['seq_len']}, or start the data "
+                "afresh with --checkpoint.exclude_from_loading dataloader."
+            )
+        self.sample_idx = state["sample_idx"]
+        self.epoch = state["epoch"]
+        self.sequence_idx = state["sequence_idx"]
+        self._inputs = list(state["inputs_buffer"])
+        self._labels = list(state["labels_buffer"])
+        self._positions = list(state["positions_buffer"])
+        self._samples = None
+
+
+class LayoutInvariantTextDataLoader(BaseDataLoader):
+    """Batches of the global packed stream; see the module docstring."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(HuggingFaceTextDataLoader.Config):
+        pass
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        **kwargs,
+    ):
+        if config.num_workers:
+            raise ValueError(
+                f"--dataloader.num_workers {config.num_workers} is not supported "
+                "by the layout-invariant text loader, which reads in the training "
+                "process; remove the flag (tokenization is a small share of a step)."
+            )
+        self.stream = PackedTextStream(
+            config.dataset, config.dataset_path, tokenizer, seq_len, config.infinite
+        )
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.local_batch_size = local_batch_size
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        batch_size, rank = self.local_batch_size, self.dp_rank
+        while True:
+            mine = []
+            # One global micro-batch: every rank reads all of it and keeps its
+            # part, so between batches all ranks hold the same stream state.
+            for k in range(batch_size * self.dp_world_size):
+                item = self.stream.next_sequence()
+                if item is None:
+                    return
+                if k // batch_size == rank:
+                    mine.append(item)
+            inputs = {
+                key: torch.stack([d[key] for d, _ in mine]) for key in mine[0][0]
+            }
+            yield inputs, torch.stack([labels for _, labels in mine])
+
+    def state_dict(self) -> dict[str, Any]:
+        # The same on every rank, so one key: DCP stores it once, and any
+        # data-parallel degree can load it.
+        return {STATE_KEY: pickle.dumps(self.stream.state_dict())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if STATE_KEY not in state_dict:
+            raise ValueError(
+                "The checkpoint's dataloader state was written by torchtitan's "
+                "per-rank loader, not the layout-invariant loader this recipe "
+                f"uses (keys: {sorted(state_dict)}). Resume with the recipe that "
+                "wrote it, or add --checkpoint.exclude_from_loading dataloader "
+                "to start the data afresh."
+            )
+        self.stream.load_state_dict(pickle.loads(state_dict[STATE_KEY]))
+
+
+def layout_invariant(dataloader_config: BaseDataLoader.Config) -> BaseDataLoader.Config:
+    """The layout-invariant loader in place of torchtitan's text loader, with
+    the same settings; any other loader is returned unchanged."""
+    if type(dataloader_config) is not HuggingFaceTextDataLoader.Config:
+        return dataloader_config
+    from dataclasses import fields
+
+    return LayoutInvariantTextDataLoader.Config(
+        **{f.name: getattr(dataloader_config, f.name) for f in fields(dataloader_config)}
+    )
