@@ -1,18 +1,23 @@
 """DeepSeek-V3 and the plain-FSDP recipes, trained as a user would.
 
 Proves: the SimpleFSDP DeepSeek debug recipe trains on 4 CPU ranks as
-TP2 x FSDP2 through run_train.sh (finite, falling loss), prints the expert
+TP2 x FSDP2 through run_train.sh (finite, falling loss) with the same per-step
+losses as 1 rank (fp32, same seed and data, within 1e-4), prints the expert
 load imbalance each step, and its expert biases move between steps; the
-plain-FSDP tiny flavors (Llama, Qwen3 and DeepSeek, TP2 x FSDP2, and Llama
-FSDP2) train.
+plain-FSDP tiny flavors (Llama, Qwen3 and DeepSeek, TP2 x FSDP2) train (the
+plain Llama FSDP2 flavor runs in test_correctness.py).
 
 Run: .venv/bin/python -m pytest tests/test_deepseek.py -q
 """
 
 import math
 import re
+import subprocess
+import sys
 
 import pytest
+
+from conftest import REPO, RunResult
 
 DS_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 DATA = ["--dataloader.dataset", "c4_test", "--debug.seed", "0"]
@@ -27,12 +32,22 @@ def _finite_and_falling(result, n_steps):
     assert steps[-1].loss < steps[0].loss
 
 
-def test_simple_fsdp_deepseek_tp2_fsdp2_trains_and_balances(run, dump_folder):
-    result = run(
-        ["--training.steps", "6", *DATA, "--compile.backend", "aot_eager"],
-        ngpu=4, module=DS_MODULE, config="simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2",
-        dump_folder=dump_folder,
+def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp_path):
+    recipe = f"MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
+    proc = subprocess.run(
+        [sys.executable, "scripts/loss_compare.py", "--steps", "6",
+         "--out", str(tmp_path),
+         "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
+         "--b", f"NGPU=4 {recipe}",
+         "--", "--training.global_batch_size", "4"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=1200,
     )
+    # Same seed, same data, fp32: 1 rank (2 accumulation steps) and TP2 x FSDP2.
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert float(re.search(r"max_rel_diff=(\S+)", proc.stdout)[1]) <= 1e-4
+
+    result = RunResult(0, (tmp_path / "b.log").read_text())
     _finite_and_falling(result, 6)
     assert "tp=2" in result.output and "dp_shard=2" in result.output
     balance = [(int(s), float(i), float(b)) for s, i, b in _BALANCE.findall(result.output)]
@@ -45,7 +60,6 @@ def test_simple_fsdp_deepseek_tp2_fsdp2_trains_and_balances(run, dump_folder):
 @pytest.mark.parametrize(
     "module, config, ngpu",
     [
-        ("torchtitan_neuron.models.llama3", "llama3_debugmodel_neuron", 2),
         ("torchtitan_neuron.models.llama3", "llama3_debugmodel_tp2_fsdp2_sac", 4),
         ("torchtitan_neuron.models.qwen3", "qwen3_debugmodel_tp2_fsdp2_sac", 4),
         ("torchtitan_neuron.models.deepseek_v3", "deepseek_v3_debugmodel_neuron_tp2_fsdp2", 4),

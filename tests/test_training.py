@@ -5,8 +5,8 @@ loss, a real memory figure); the compiled forward graph holds the FSDP
 all-gathers, the backward graph the reduce-scatters and the recomputed
 all-gathers (reshard after forward), and gradient clipping is its own compiled
 graph with the norm's all-reduce; the full-AC recipe trains through
-run_train.sh with a pinned global batch reached by gradient accumulation and
-with TP x FSDP.
+run_train.sh with a pinned global batch reached by gradient accumulation.
+TP layouts are trained in test_correctness.py and test_deepseek.py.
 
 Run: .venv/bin/python -m pytest tests/test_training.py -q
 """
@@ -83,18 +83,3 @@ def test_fullac_recipe_through_run_train_with_accumulation(run, dump_folder):
     _assert_trains(result, 6)
     assert "gradient accumulation steps 2" in result.output
     assert "Applied FullAC activation checkpointing" in result.output
-
-
-def test_tp2_fsdp_layout_on_cpu_ranks(run, dump_folder):
-    result = run(
-        ["--training.steps", "4", *FAST,
-         "--parallelism.tensor_parallel_degree=2",
-         "--parallelism.data_parallel_shard_degree=-1",
-         "--training.global_batch_size", "4"],
-        dump_folder=dump_folder,
-    )
-    assert result.returncode == 0, result.output[-4000:]
-    assert len(result.steps) == 4
-    assert all(math.isfinite(s.loss) for s in result.steps)
-    assert "gradient accumulation steps 2" in result.output
-
