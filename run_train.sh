@@ -5,6 +5,8 @@
 #   MODULE    recipe module, fully qualified; default the SimpleFSDP Llama module
 #   CONFIG    recipe name in that module; default the CPU rehearsal recipe
 #   LOG_RANK  ranks whose output is shown (torchrun --local-ranks-filter); default 0
+#   COMM_MODE plan: print the memory plan for one of NGPU ranks instead of
+#             training (python -m torchtitan_neuron.plan; add --target, --sweep)
 #
 # Every other argument passes straight through to torchtitan's trainer, e.g.
 #   NGPU=2 CONFIG=simple_fsdp_llama3_debugmodel_fullac ./run_train.sh --training.steps 10
@@ -20,6 +22,10 @@ CONFIG=${CONFIG:-simple_fsdp_llama3_debugmodel}
 # The project's virtualenv (made by `make install`) unless PYTHON names another.
 if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+
+if [ "${COMM_MODE:-}" = "plan" ]; then
+    exec "$PYTHON" -m torchtitan_neuron.plan --module "$MODULE" --config "$CONFIG" --ngpu "$NGPU" "$@"
 fi
 
 # Validate the config in one process first: errors show once, before any rank.

@@ -97,6 +97,9 @@ def layout_invariant_init(seed: int | None) -> Iterator[None]:
     """Within this context, models initialized through ``init_weights`` get
     layout-independent weights for ``seed`` (no effect when ``seed`` is None).
     """
+    if seed is None:
+        yield
+        return
     Module._init_param = _init_param
     BaseModel.init_weights = _init_weights
     previous, _STATE.seed = _STATE.seed, seed

@@ -163,7 +163,8 @@ class _NeuronTrainerMixin:
     def _check_finite(self, grad_norm: torch.Tensor) -> None:
         local = self._step_loss
         self._step_loss = None
-        if local is None:
+        if local is None or getattr(self, "_planning", False):
+            # The memory planner runs on FakeTensors: no values to check.
             return
         # The same reduction torchtitan logs, so every rank sees the same
         # figure and they all stop together (no rank left in a collective).

@@ -1,0 +1,470 @@
+"""Pre-flight memory planner: will this recipe, at this layout, fit?
+
+    python -m torchtitan_neuron.plan --module M --config C [--ngpu N]
+        [--target trn2|cuda|cpu] [--json] [torchtitan overrides...]
+
+It builds the recipe's real trainer for rank 0 of ``N`` in one process, with
+torchtitan's fake process group (``--comm.mode fake_backend``) and every
+tensor a FakeTensor: no memory is allocated for parameters, activations or
+communication. It then runs two real training steps (the SimpleFSDP jit graph
+compiled through AOTAutograd with the min-cut partitioner the compiler uses,
+its activation checkpointing and TP layout, the real loss, gradient clipping
+and the real optimizer) and follows every tensor storage of the second step
+from the op that creates it until it is freed. The peak is the most bytes
+live at once, at the dtypes the run would use.
+
+What it counts, per rank:
+
+- sharded parameters, gradients and optimizer state: the live local shards
+  after the first step (all three persist between steps);
+- buffers (the rotary cache);
+- gathered parameters in flight: outputs of all-gathers still live;
+- saved activations: tensors made in the model's forward still live;
+- logits and loss: tensors made inside the loss (the chunked loss applies
+  lm_head there, in fp32);
+- temporaries: everything else live at that moment (backward, clipping,
+  optimizer).
+
+The compiled graph is executed op by op, each intermediate freed after its
+last use, so fusion (which removes pointwise intermediates) can only lower
+the true figure: within a graph this is an upper bound. Allocator
+fragmentation, the runtime's own reservations and communication buffers are
+not modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GIB = 1024**3
+
+# Device memory per rank, the figure a verdict is measured against. One rank
+# is one logical NeuronCore at the default LNC=2 (two physical cores):
+#   trn2: 96 GiB per chip / 4 logical cores = 24 GiB (the tutorial's figure);
+#   trn3: 144 GiB per chip / 4 logical cores = 36 GiB.
+TARGET_CAPACITY_GIB = {"trn2": 24.0, "trn3": 36.0}
+TARGETS = ("trn2", "trn3", "cuda", "cpu")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+class StorageTracker(TorchDispatchMode):
+    """Follows every storage created while it is active, by category."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = "other"
+        self.live: dict[int, tuple[int, str]] = {}
+        self.by_category: dict[str, int] = defaultdict(int)
+        self.current = 0
+        self.peak = 0
+        self.peak_by_category: dict[str, int] = {}
+
+    def _category(self, func) -> str:
+        name = str(func)
+        if "all_gather" in name:
+            return "gathered_parameters"
+        if self.phase == "forward":
+            return "saved_activations"
+        if self.phase == "loss":
+            return "logits_and_loss"
+        return "temporaries"
+
+    def _free(self, key: int) -> None:
+        size, category = self.live.pop(key, (0, None))
+        if category is not None:
+            self.current -= size
+            self.by_category[category] -= size
+
+    def _track(self, t: torch.Tensor, category: str) -> None:
+        t = _local(t)
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = id(storage)
+        if key in self.live:
+            return
+        size = storage.nbytes()
+        self.live[key] = (size, category)
+        weakref.finalize(storage, self._free, key)
+        self.current += size
+        self.by_category[category] += size
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_by_category = dict(self.by_category)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        category = self._category(func)
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf, category)
+        return out
+
+    @contextlib.contextmanager
+    def in_phase(self, phase: str):
+        previous, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = previous
+
+
+@dataclass
+class Plan:
+    recipe: str
+    ngpu: int
+    target: str
+    layout: dict
+    peak_gib: float
+    capacity_gib: float
+    breakdown: dict = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= self.capacity_gib
+
+    @property
+    def headroom_gib(self) -> float:
+        return self.capacity_gib - self.peak_gib
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe, "ngpu": self.ngpu, "target": self.target,
+            "layout": self.layout, "peak_gib": round(self.peak_gib, 4),
+            "capacity_gib": round(self.capacity_gib, 4), "fits": self.fits,
+            "headroom_gib": round(self.headroom_gib, 4),
+            "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
+        }
+
+    def describe(self) -> str:
+        lines = [
+            f"Memory plan for {self.recipe} on {self.ngpu} x {self.target} "
+            f"({', '.join(f'{k} {v}' for k, v in self.layout.items())}), one rank:",
+        ]
+        for name, gib in self.breakdown.items():
+            lines.append(f"  {name.replace('_', ' '):<28} {gib:9.3f} GiB")
+        lines.append(f"  {'peak':<28} {self.peak_gib:9.3f} GiB")
+        lines.append(f"  {'capacity':<28} {self.capacity_gib:9.3f} GiB")
+        verdict = "fits" if self.fits else "OOM"
+        lines.append(
+            f"verdict: {verdict} (headroom {self.headroom_gib:+.3f} GiB, "
+            f"{100 * self.peak_gib / self.capacity_gib:.0f}% of capacity)"
+        )
+        return "\n".join(lines)
+
+
+def capacity_gib(target: str, ngpu: int) -> float:
+    if target in TARGET_CAPACITY_GIB:
+        return TARGET_CAPACITY_GIB[target]
+    if target == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(
+                "--target cuda reads the capacity from the device, and no CUDA "
+                "device is present here; plan for trn2 or cpu instead."
+            )
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    if target == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ngpu
+    raise SystemExit(f"Unknown --target {target}: choose one of {', '.join(TARGETS)}.")
+
+
+def ac_name(ac_config) -> str:
+    """``none``, ``selective`` or ``full``, as the CLI subcommand spells it."""
+    qualname = type(ac_config).__qualname__.lower()
+    for name in ("selective", "full"):
+        if name in qualname:
+            return name
+    return "none"
+
+
+def _register_plan_backend() -> str:
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    name = "torchtitan_neuron_plan"
+    if name not in torch._dynamo.list_backends(exclude_tags=()):
+
+        def run_graph(gm, example_inputs):
+            return make_boxed_func(gm.forward)
+
+        torch._dynamo.register_backend(
+            name=name,
+            compiler_fn=aot_autograd(
+                fw_compiler=run_graph, bw_compiler=run_graph,
+                partition_fn=min_cut_rematerialization_partition,
+            ),
+        )
+    return name
+
+
+@contextlib.contextmanager
+def _fake_model_state(fake_mode):
+    """Materialize the model as FakeTensors (``to_empty``), and skip drawing
+    initial weights: FakeTensors hold no values. Buffers (the rotary cache)
+    are still computed, as shapes. Everything else (meshes, process groups)
+    is built for real."""
+    from torchtitan.protocols.model import BaseModel
+    from torchtitan.protocols.module import Module
+
+    init_param, init_weights = Module._init_param, BaseModel.init_weights
+    to_empty = torch.nn.Module.to_empty
+
+    def fake_to_empty(self, *args, **kwargs):
+        with fake_mode:
+            return to_empty(self, *args, **kwargs)
+
+    def fake_init_weights(self, **kwargs):
+        with fake_mode:
+            return init_weights(self, **kwargs)
+
+    Module._init_param = lambda self, name, param: None
+    BaseModel.init_weights = fake_init_weights
+    torch.nn.Module.to_empty = fake_to_empty
+    try:
+        yield
+    finally:
+        Module._init_param, BaseModel.init_weights = init_param, init_weights
+        torch.nn.Module.to_empty = to_empty
+
+
+def _state_bytes(trainer) -> dict[str, int]:
+    params = grads = buffers = 0
+    for part in trainer.model_parts:
+        for p in part.parameters():
+            params += _local(p).untyped_storage().nbytes()
+            if p.grad is not None:
+                grads += _local(p.grad).untyped_storage().nbytes()
+        for b in part.buffers():
+            buffers += _local(b).untyped_storage().nbytes()
+    opt = 0
+    for optimizer in trainer.optimizers.optimizers:
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    opt += _local(v).untyped_storage().nbytes()
+    return {"sharded_parameters": params, "gradients": grads,
+            "optimizer_state": opt, "buffers": buffers}
+
+
+def _batches(config, vocab_size: int, count: int) -> list:
+    """Real (small) token batches: the step reads their count of valid tokens."""
+    batch, seq = config.training.local_batch_size, config.training.seq_len
+    out = []
+    for _ in range(count):
+        tokens = torch.randint(0, vocab_size, (batch, seq))
+        positions = torch.arange(seq).unsqueeze(0).expand(batch, seq).contiguous()
+        out.append(({"input": tokens, "positions": positions},
+                    torch.randint(0, vocab_size, (batch, seq))))
+    return out
+
+
+def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchtitan_neuron import platform
+
+    platform.install()
+    os.environ["NGPU"] = str(ngpu)
+    os.environ.setdefault("RANK", "0")
+    config.comm.mode = "fake_backend"
+    config.checkpoint.enable = False
+    config.debug.seed = None
+    # The plan reads no data: build the loader on the bundled corpus and
+    # tokenizer, so a recipe's gated or remote assets are not needed.
+    assets = Path(__file__).resolve().parents[1] / "tests" / "assets"
+    if not Path(config.hf_assets_path or "").is_dir():
+        config.hf_assets_path = str(assets / "tokenizer")
+    config.dataloader.dataset = "c4_test"
+    config.dataloader.dataset_path = str(assets / "c4_test")
+    config.metrics.enable_tensorboard = False
+    config.metrics.enable_wandb = False
+    if config.compile.enable:
+        config.compile.backend = _register_plan_backend()
+
+    tracker = StorageTracker()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with _fake_model_state(fake_mode):
+        trainer = config.build()
+    data = iter(_batches(config, trainer.model_config.vocab_size,
+                         2 * trainer.gradient_accumulation_steps))
+    # The parameters are FakeTensors, so everything the step computes from them
+    # is too; the step itself runs outside the fake mode, so the little it
+    # reads back (the count of valid tokens) comes from the real token batch.
+    if True:
+        trainer._planning = True
+        trainer.metrics_processor.should_log = lambda step: False
+        model = trainer.model_parts[0]
+        model.register_forward_pre_hook(lambda *a: setattr(tracker, "phase", "forward"))
+        model.register_forward_hook(lambda *a: setattr(tracker, "phase", "backward"))
+        loss_fn = trainer.loss_fn
+
+        def tracked_loss(*args, **kwargs):
+            with tracker.in_phase("loss"):
+                return loss_fn(*args, **kwargs)
+
+        trainer.loss_fn = tracked_loss
+        # Step 1 compiles and creates gradients and optimizer state.
+        trainer.step = 1
+        trainer.train_step(data)
+        state = _state_bytes(trainer)
+        trainer.step = 2
+        with tracker:
+            trainer.train_step(data)
+    persistent = sum(state.values())
+    breakdown = {k: v / GIB for k, v in state.items()}
+    for category in ("gathered_parameters", "saved_activations", "logits_and_loss",
+                     "temporaries"):
+        breakdown[category] = tracker.peak_by_category.get(category, 0) / GIB
+    pd = trainer.parallel_dims
+    layout = {"tp": pd.tp, "dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate,
+              "local_batch": config.training.local_batch_size,
+              "seq_len": config.training.seq_len,
+              "grad_accum": trainer.gradient_accumulation_steps,
+              "global_batch": config.training.local_batch_size
+              * trainer.gradient_accumulation_steps * pd.dp_shard * pd.dp_replicate,
+              "ac": ac_name(config.activation_checkpoint)}
+    return Plan(
+        recipe=recipe, ngpu=ngpu, target=target, layout=layout,
+        peak_gib=(persistent + tracker.peak) / GIB,
+        capacity_gib=capacity_gib(target, ngpu), breakdown=breakdown,
+    )
+
+
+SWEEP_TP = (1, 2, 4, 8)
+SWEEP_AC = ("selective", "full")
+_AC_PREFIX = "activation-checkpoint:"
+
+
+def _layout_args(tp: int, ac: str, global_batch: int,
+                 local_batch: int | None = None) -> list[str]:
+    args = [f"--parallelism.tensor_parallel_degree={tp}",
+            "--parallelism.data_parallel_shard_degree=-1",
+            f"--training.global_batch_size={global_batch}"]
+    if local_batch is not None:
+        args.append(f"--training.local_batch_size={local_batch}")
+    # tyro: the AC subcommand comes after every flag.
+    return args + [f"{_AC_PREFIX}{ac}"]
+
+
+def _plan_in_subprocess(opts, overrides: list[str], extra: list[str]) -> dict:
+    """One plan per process: each needs its own fake world and compile state."""
+    import subprocess
+
+    user = [a for a in overrides if not a.startswith(_AC_PREFIX)]
+    cmd = [sys.executable, "-m", "torchtitan_neuron.plan", "--module", opts.module,
+           "--config", opts.config, f"--ngpu={opts.ngpu}", f"--target={opts.target}",
+           "--json", *user, *extra]
+    if opts.capacity_gib is not None:
+        cmd.insert(cmd.index("--json"), f"--capacity-gib={opts.capacity_gib}")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        last = [l for l in proc.stderr.splitlines() if l.strip()][-1:] or ["no output"]
+        return {"error": last[0][-200:]}
+    return json.loads(lines[-1])
+
+
+def sweep(opts, overrides: list[str], base: Plan) -> list[str]:
+    """Table over TP x AC at the recipe's global batch, and the smallest change
+    that fits when the recipe as given does not."""
+    rows, results = [], {}
+    gb = base.layout["global_batch"]
+    header = f"{'tp':>3} {'dp_shard':>8} {'ac':>9} {'accum':>5} {'peak GiB':>9} {'capacity':>8}  verdict"
+    rows.append(header)
+    for tp in SWEEP_TP:
+        if opts.ngpu % tp:
+            continue
+        for ac in SWEEP_AC:
+            r = _plan_in_subprocess(opts, overrides, _layout_args(tp, ac, gb))
+            results[(tp, ac)] = r
+            if "error" in r:
+                rows.append(f"{tp:>3} {'':>8} {ac:>9} {'':>5} {'':>9} {'':>8}  refused: {r['error']}")
+                continue
+            lay = r["layout"]
+            rows.append(
+                f"{tp:>3} {lay['dp_shard']:>8} {ac:>9} {lay['grad_accum']:>5} "
+                f"{r['peak_gib']:>9.2f} {r['capacity_gib']:>8.1f}  "
+                f"{'fits' if r['fits'] else 'OOM'}"
+            )
+    if base.fits:
+        rows.append(f"{opts.config} fits as given ({base.peak_gib:.2f} GiB of {base.capacity_gib:.1f}).")
+        return rows
+    # The tutorial's order: the full-AC variant, then tensor parallelism, then
+    # a smaller batch last.
+    tp0 = base.layout["tp"]
+    candidates = [(tp0, "full")] + [(tp, "full") for tp in SWEEP_TP if tp > tp0 and opts.ngpu % tp == 0]
+    for tp, ac in candidates:
+        r = results.get((tp, ac)) or _plan_in_subprocess(opts, overrides, _layout_args(tp, ac, gb))
+        if r.get("fits"):
+            rows.append("Smallest change that fits: " + " ".join(_layout_args(tp, ac, gb))
+                        + f" ({r['peak_gib']:.2f} GiB)")
+            return rows
+    tp_max = candidates[-1][0]
+    batch = base.layout["local_batch"] // 2
+    while batch >= 1:
+        r = _plan_in_subprocess(opts, overrides, _layout_args(tp_max, "full", gb, batch))
+        if r.get("fits"):
+            rows.append("Smallest change that fits: " + " ".join(_layout_args(tp_max, "full", gb, batch))
+                        + f" ({r['peak_gib']:.2f} GiB; the global batch is kept by accumulation)")
+            return rows
+        batch //= 2
+    rows.append("No layout in the sweep fits: more ranks (--ngpu) or a larger device is needed.")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchtitan_neuron.plan", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+    )
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--ngpu", type=int, default=int(os.environ.get("NGPU", "1")))
+    parser.add_argument("--target", default="trn2", choices=list(TARGETS))
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--capacity-gib", type=float, default=None,
+                        help="device memory per rank, in place of the target's figure")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch")
+    opts, overrides = parser.parse_known_args(argv)
+
+    from torchtitan.config import ConfigManager
+    from torchtitan.tools.logging import init_logger, logger
+
+    init_logger()
+    config = ConfigManager().parse_args(
+        ["--module", opts.module, "--config", opts.config, *overrides]
+    )
+    result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config)
+    if opts.capacity_gib is not None:
+        result.capacity_gib = opts.capacity_gib
+    if opts.json:
+        print(json.dumps(result.to_json()), flush=True)
+    else:
+        logger.info("\n" + result.describe())
+    if opts.sweep:
+        print("\n".join(sweep(opts, overrides, result)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
