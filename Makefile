@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test clean
+.PHONY: install train test bench-plan clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,6 +23,11 @@ train: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# Planned vs measured peak tensor memory on CPU ranks (about 20 minutes);
+# writes docs/plan_accuracy.md. Not part of `make test`.
+bench-plan: install
+	$(PY) scripts/bench_plan.py
 
 clean:
 	rm -rf outputs .pytest_cache

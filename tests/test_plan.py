@@ -1,16 +1,17 @@
 """The memory planner traces the recipe's real step on FakeTensors.
 
 Proves: ``python -m torchtitan_neuron.plan --json`` prints peak, capacity,
-verdict and a breakdown for rank 0 of N without allocating the model; the
-sharded parameters, gradients and optimizer state it counts halve from 2 to 4
-ranks; activation checkpointing lowers the planned saved activations and peak
-(full < selective < none); the sweep names the tutorial's order of fixes
-(full AC, then TP, then a smaller batch).
+verdict and a breakdown for rank 0 of N without allocating the model, with
+AdamW's two moments per parameter; ``COMM_MODE=plan ./run_train.sh`` plans the
+same command; the sweep names the tutorial's order of fixes (full AC, then TP,
+then a smaller batch) at a fixed global batch. Planned against measured
+memory, and across AC modes, is in test_memory.py.
 
 Run: .venv/bin/python -m pytest tests/test_plan.py -q
 """
 
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from conftest import LLAMA_MODULE, REPO
 from torchtitan_neuron import plan as planner
 
 ARGS = ["--hf_assets_path=./tests/assets/tokenizer", "--training.seq_len=1024",
-        "--training.local_batch_size=8"]
+        "--training.local_batch_size=8", "--compile.backend=aot_eager"]
 
 
 def _plan(ngpu: int, *extra: str) -> dict:
@@ -35,18 +36,8 @@ def _plan(ngpu: int, *extra: str) -> dict:
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
 
 
-@pytest.fixture(scope="module")
-def plans():
-    return {
-        "2:selective": _plan(2),
-        "4:selective": _plan(4),
-        "2:full": _plan(2, "activation-checkpoint:full"),
-        "2:none": _plan(2, "activation-checkpoint:none"),
-    }
-
-
-def test_json_plan_has_the_verdict_and_breakdown(plans):
-    p = plans["2:selective"]
+def test_json_plan_has_the_verdict_and_breakdown():
+    p = _plan(2)
     assert {"peak_gib", "capacity_gib", "fits", "breakdown"} <= p.keys()
     assert p["fits"] is True and p["capacity_gib"] > 0
     assert p["layout"]["dp_shard"] == 2 and p["layout"]["ac"] == "selective"
@@ -60,17 +51,17 @@ def test_json_plan_has_the_verdict_and_breakdown(plans):
     assert parts["optimizer_state"] == pytest.approx(2 * parts["sharded_parameters"], rel=0.01)
 
 
-def test_sharded_state_halves_with_ranks(plans):
-    two, four = plans["2:selective"]["breakdown"], plans["4:selective"]["breakdown"]
-    for key in ("sharded_parameters", "gradients", "optimizer_state"):
-        assert four[key] == pytest.approx(two[key] / 2, rel=0.02), key
-
-
-def test_activation_checkpointing_lowers_the_plan(plans):
-    acts = {m: plans[f"2:{m}"]["breakdown"]["saved_activations"] for m in ("none", "selective", "full")}
-    peaks = {m: plans[f"2:{m}"]["peak_gib"] for m in ("none", "selective", "full")}
-    assert acts["full"] < acts["selective"] < acts["none"], acts
-    assert peaks["full"] < peaks["selective"] < peaks["none"], peaks
+def test_run_train_plans_with_comm_mode_plan():
+    env = dict(os.environ, NGPU="64", COMM_MODE="plan", MODULE=LLAMA_MODULE,
+               CONFIG="simple_fsdp_llama3_debugmodel", PYTHON=sys.executable)
+    proc = subprocess.run(["./run_train.sh", "--target=trn2", *ARGS], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "on 64 x trn2 (tp 1, dp_shard 64" in proc.stdout
+    assert "capacity                        24.000 GiB" in proc.stdout
+    assert "verdict: fits" in proc.stdout
+    assert "torch.distributed.run" not in proc.stdout
 
 
 def test_sweep_names_the_tutorials_order_of_fixes(monkeypatch):

@@ -39,14 +39,12 @@ import contextlib
 import json
 import os
 import sys
-import weakref
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchtitan_neuron.memory import StorageTracker, instrument, state_bytes
 
 GIB = 1024**3
 
@@ -56,75 +54,6 @@ GIB = 1024**3
 #   trn3: 144 GiB per chip / 4 logical cores = 36 GiB.
 TARGET_CAPACITY_GIB = {"trn2": 24.0, "trn3": 36.0}
 TARGETS = ("trn2", "trn3", "cuda", "cpu")
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
-class StorageTracker(TorchDispatchMode):
-    """Follows every storage created while it is active, by category."""
-
-    def __init__(self):
-        super().__init__()
-        self.phase = "other"
-        self.live: dict[int, tuple[int, str]] = {}
-        self.by_category: dict[str, int] = defaultdict(int)
-        self.current = 0
-        self.peak = 0
-        self.peak_by_category: dict[str, int] = {}
-
-    def _category(self, func) -> str:
-        name = str(func)
-        if "all_gather" in name:
-            return "gathered_parameters"
-        if self.phase == "forward":
-            return "saved_activations"
-        if self.phase == "loss":
-            return "logits_and_loss"
-        return "temporaries"
-
-    def _free(self, key: int) -> None:
-        size, category = self.live.pop(key, (0, None))
-        if category is not None:
-            self.current -= size
-            self.by_category[category] -= size
-
-    def _track(self, t: torch.Tensor, category: str) -> None:
-        t = _local(t)
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = id(storage)
-        if key in self.live:
-            return
-        size = storage.nbytes()
-        self.live[key] = (size, category)
-        weakref.finalize(storage, self._free, key)
-        self.current += size
-        self.by_category[category] += size
-        if self.current > self.peak:
-            self.peak = self.current
-            self.peak_by_category = dict(self.by_category)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        category = self._category(func)
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._track(leaf, category)
-        return out
-
-    @contextlib.contextmanager
-    def in_phase(self, phase: str):
-        previous, self.phase = self.phase, phase
-        try:
-            yield
-        finally:
-            self.phase = previous
 
 
 @dataclass
@@ -195,12 +124,19 @@ def ac_name(ac_config) -> str:
     return "none"
 
 
-def _register_plan_backend() -> str:
+def _register_plan_backend(requested: str) -> str:
+    """An AOTAutograd backend that runs each graph op by op, partitioned the
+    way ``requested`` partitions: aot_eager with the default partitioner,
+    every compiler (inductor, neuron) with the min-cut rematerializer."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._functorch.partitioners import (
+        default_partition,
+        min_cut_rematerialization_partition,
+    )
 
-    name = "torchtitan_neuron_plan"
+    eager = requested in ("aot_eager", "eager")
+    name = "torchtitan_neuron_plan_" + ("default" if eager else "min_cut")
     if name not in torch._dynamo.list_backends(exclude_tags=()):
 
         def run_graph(gm, example_inputs):
@@ -210,7 +146,7 @@ def _register_plan_backend() -> str:
             name=name,
             compiler_fn=aot_autograd(
                 fw_compiler=run_graph, bw_compiler=run_graph,
-                partition_fn=min_cut_rematerialization_partition,
+                partition_fn=default_partition if eager else min_cut_rematerialization_partition,
             ),
         )
     return name
@@ -246,25 +182,6 @@ def _fake_model_state(fake_mode):
         torch.nn.Module.to_empty = to_empty
 
 
-def _state_bytes(trainer) -> dict[str, int]:
-    params = grads = buffers = 0
-    for part in trainer.model_parts:
-        for p in part.parameters():
-            params += _local(p).untyped_storage().nbytes()
-            if p.grad is not None:
-                grads += _local(p.grad).untyped_storage().nbytes()
-        for b in part.buffers():
-            buffers += _local(b).untyped_storage().nbytes()
-    opt = 0
-    for optimizer in trainer.optimizers.optimizers:
-        for state in optimizer.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    opt += _local(v).untyped_storage().nbytes()
-    return {"sharded_parameters": params, "gradients": grads,
-            "optimizer_state": opt, "buffers": buffers}
-
-
 def _batches(config, vocab_size: int, count: int) -> list:
     """Real (small) token batches: the step reads their count of valid tokens."""
     batch, seq = config.training.local_batch_size, config.training.seq_len
@@ -298,7 +215,7 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     config.metrics.enable_tensorboard = False
     config.metrics.enable_wandb = False
     if config.compile.enable:
-        config.compile.backend = _register_plan_backend()
+        config.compile.backend = _register_plan_backend(config.compile.backend)
 
     tracker = StorageTracker()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -312,20 +229,11 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     if True:
         trainer._planning = True
         trainer.metrics_processor.should_log = lambda step: False
-        model = trainer.model_parts[0]
-        model.register_forward_pre_hook(lambda *a: setattr(tracker, "phase", "forward"))
-        model.register_forward_hook(lambda *a: setattr(tracker, "phase", "backward"))
-        loss_fn = trainer.loss_fn
-
-        def tracked_loss(*args, **kwargs):
-            with tracker.in_phase("loss"):
-                return loss_fn(*args, **kwargs)
-
-        trainer.loss_fn = tracked_loss
+        instrument(trainer, tracker)
         # Step 1 compiles and creates gradients and optimizer state.
         trainer.step = 1
         trainer.train_step(data)
-        state = _state_bytes(trainer)
+        state = state_bytes(trainer)
         trainer.step = 2
         with tracker:
             trainer.train_step(data)

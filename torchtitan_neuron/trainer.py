@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +30,18 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
 from torchtitan_neuron.init import layout_invariant_init
-from torchtitan_neuron.memory import sharded_state_bytes
+from torchtitan_neuron.memory import (
+    StorageTracker,
+    instrument,
+    sharded_state_bytes,
+    state_bytes,
+)
 from torchtitan_neuron.models.moe import expert_balance_stats
 
 GRAD_CLIP_COMPONENT = "grad_clip"
+# Set to a step number to measure that step's tensor memory on the real
+# tensors (the planner's tracker, on real storage): what the planner predicts.
+MEASURE_MEMORY_ENV = "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP"
 
 
 def neuron_compile_config() -> CompileConfig:
@@ -139,6 +148,11 @@ class _NeuronTrainerMixin:
             f"  grad_accum: {self.gradient_accumulation_steps}"
         )
         logger.addFilter(self._step_line_suffix)
+        self._measure_step = int(os.environ.get(MEASURE_MEMORY_ENV, "0") or 0)
+        self._tracker = None
+        if self._measure_step > 0:
+            self._tracker = StorageTracker()
+            instrument(self, self._tracker)
 
     def forward_backward_step(self, **kwargs) -> torch.Tensor:
         loss = super().forward_backward_step(**kwargs)
@@ -188,6 +202,18 @@ class _NeuronTrainerMixin:
                 "--training.max_norm, or check the data of this step."
             )
 
+    def _measured_train_step(self, data_iterator) -> None:
+        persistent = state_bytes(self)
+        with self._tracker:
+            super().train_step(data_iterator)
+        gib = 1024**3
+        peak = (sum(persistent.values()) + self._tracker.peak) / gib
+        parts = {**persistent, **self._tracker.peak_by_category}
+        logger.info(
+            f"Measured tensor memory at step {self.step}: measured_peak_gib={peak:.4f} "
+            + " ".join(f"{k}={v / gib:.4f}" for k, v in parts.items())
+        )
+
     def close(self) -> None:
         suffix = getattr(self, "_step_line_suffix", None)
         if suffix is not None:
@@ -196,7 +222,10 @@ class _NeuronTrainerMixin:
 
     def train_step(self, data_iterator):
         with platform.grad_clip_override(self._clip_then_check):
-            super().train_step(data_iterator)
+            if self._tracker is not None and self.step == self._measure_step:
+                self._measured_train_step(data_iterator)
+            else:
+                super().train_step(data_iterator)
         if self.step == 1:
             # After the first step the gradients and optimizer state exist.
             state = sharded_state_bytes(self.model_parts, self.optimizers)
