@@ -33,9 +33,10 @@ COMMON = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/to
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def cells(quick: bool):
+def cells(quick: bool, models: list[str]):
     out = []
-    for (module, config), seq, batch in ((LLAMA, 1024, 8), (DEEPSEEK, 256, 4)):
+    recipes = {"llama": (LLAMA, 1024, 8), "deepseek": (DEEPSEEK, 256, 4)}
+    for (module, config), seq, batch in (recipes[m] for m in models):
         for ngpu in ((2,) if quick else (1, 2, 4)):
             for ac in ("selective", "full"):
                 out.append((module, config, ngpu, ac, "aot_eager", seq, batch))
@@ -47,6 +48,8 @@ def cells(quick: bool):
 def run_cell(module, config, ngpu, ac, backend, seq, batch, workdir: Path) -> dict:
     flags = [*COMMON, "--compile.backend", backend, "--training.seq_len", str(seq),
              "--training.local_batch_size", str(batch),
+             # One micro-batch per rank per step, whatever the recipe pins.
+             "--training.global_batch_size", str(batch * ngpu),
              "--parallelism.tensor_parallel_degree=1",
              "--parallelism.data_parallel_shard_degree=-1"]
     sub = [f"activation-checkpoint:{ac}"]
@@ -61,7 +64,8 @@ def run_cell(module, config, ngpu, ac, backend, seq, batch, workdir: Path) -> di
         raise RuntimeError(f"plan failed for {config} {ngpu} {ac}:\n{plan.stdout[-2000:]}")
     planned = json.loads(planned[-1])
     env = dict(os.environ, NGPU=str(ngpu), MODULE=module, CONFIG=config,
-               PYTHON=sys.executable, TORCHTITAN_NEURON_MEASURE_MEMORY_STEP="2")
+               PYTHON=sys.executable, TORCHTITAN_NEURON_MEASURE_MEMORY_STEP="2",
+               TORCHTITAN_NEURON_EXPERT_KERNEL="grouped_mm")  # the kernel the plan uses
     run = subprocess.run(
         ["./run_train.sh", f"--dump_folder={workdir}", *flags, *sub], cwd=REPO, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -80,11 +84,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 ranks only, aot_eager only")
+    parser.add_argument("--models", nargs="+", default=["llama", "deepseek"],
+                        choices=["llama", "deepseek"])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "plan_accuracy.md")
     opts = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, cell in enumerate(cells(opts.quick)):
+        for i, cell in enumerate(cells(opts.quick, opts.models)):
             row = run_cell(*cell, Path(tmp) / str(i))
             rows.append(row)
             print(json.dumps(row), flush=True)

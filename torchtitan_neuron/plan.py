@@ -200,6 +200,9 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     from torchtitan_neuron import platform
 
     platform.install()
+    # FakeTensors have no token counts for the per-expert loop to split on;
+    # plan MoE layers on grouped_mm, the kernel Neuron compiles.
+    os.environ.setdefault("TORCHTITAN_NEURON_EXPERT_KERNEL", "grouped_mm")
     os.environ["NGPU"] = str(ngpu)
     os.environ.setdefault("RANK", "0")
     config.comm.mode = "fake_backend"

@@ -17,6 +17,7 @@ receive no tokens, and both trace under torch.compile(fullgraph=True).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -95,11 +96,24 @@ def _measure(dim: int, hidden_dim: int, num_experts: int, tokens: int) -> str:
     return fastest
 
 
+# Pins what ``auto`` resolves to (grouped_mm or loop), e.g. so a memory plan
+# and the run it is checked against use the same kernel.
+EXPERT_KERNEL_ENV = "TORCHTITAN_NEURON_EXPERT_KERNEL"
+
+
 def resolve_implementation(
     requested: ExpertImplementation, dim: int, hidden_dim: int, num_experts: int
 ) -> str:
     if requested != "auto":
         return requested
+    pinned = os.environ.get(EXPERT_KERNEL_ENV)
+    if pinned:
+        if pinned not in _KERNELS:
+            raise ValueError(
+                f"{EXPERT_KERNEL_ENV}={pinned} is not an expert kernel; use one of "
+                f"{sorted(_KERNELS)} or unset it to measure the fastest."
+            )
+        return pinned
     if platform.current().name == "neuron":
         return "grouped_mm"
     return measure_fastest(dim, hidden_dim, num_experts)
