@@ -111,7 +111,9 @@ def capacity_gib(target: str, ngpu: int) -> float:
             )
         return torch.cuda.get_device_properties(0).total_memory / GIB
     if target == "cpu":
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ngpu
+        from torchtitan_neuron import platform
+
+        return platform.host_memory_bytes() / GIB / ngpu
     raise SystemExit(f"Unknown --target {target}: choose one of {', '.join(TARGETS)}.")
 
 
@@ -198,11 +200,12 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtitan_neuron import platform
+    from torchtitan_neuron.models.experts import EXPERT_KERNEL_ENV
 
     platform.install()
     # FakeTensors have no token counts for the per-expert loop to split on;
     # plan MoE layers on grouped_mm, the kernel Neuron compiles.
-    os.environ.setdefault("TORCHTITAN_NEURON_EXPERT_KERNEL", "grouped_mm")
+    os.environ.setdefault(EXPERT_KERNEL_ENV, "grouped_mm")
     os.environ["NGPU"] = str(ngpu)
     os.environ.setdefault("RANK", "0")
     config.comm.mode = "fake_backend"
@@ -229,17 +232,16 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     # The parameters are FakeTensors, so everything the step computes from them
     # is too; the step itself runs outside the fake mode, so the little it
     # reads back (the count of valid tokens) comes from the real token batch.
-    if True:
-        trainer._planning = True
-        trainer.metrics_processor.should_log = lambda step: False
-        instrument(trainer, tracker)
-        # Step 1 compiles and creates gradients and optimizer state.
-        trainer.step = 1
+    trainer._planning = True
+    trainer.metrics_processor.should_log = lambda step: False
+    instrument(trainer, tracker)
+    # Step 1 compiles and creates gradients and optimizer state.
+    trainer.step = 1
+    trainer.train_step(data)
+    state = state_bytes(trainer)
+    trainer.step = 2
+    with tracker:
         trainer.train_step(data)
-        state = state_bytes(trainer)
-        trainer.step = 2
-        with tracker:
-            trainer.train_step(data)
     persistent = sum(state.values())
     breakdown = {k: v / GIB for k, v in state.items()}
     for category in ("gathered_parameters", "saved_activations", "logits_and_loss",

@@ -112,7 +112,7 @@ def _read_status_kib(field: str) -> int:
     return -1
 
 
-def _host_memory_bytes() -> int:
+def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -147,7 +147,7 @@ class CpuDeviceModule:
     @staticmethod
     def get_device_properties(device=None):
         return SimpleNamespace(
-            name=_cpu_name(), total_memory=_host_memory_bytes() // _ranks_on_host()
+            name=_cpu_name(), total_memory=host_memory_bytes() // _ranks_on_host()
         )
 
     @staticmethod
@@ -171,7 +171,7 @@ class CpuDeviceModule:
 
     @staticmethod
     def mem_get_info(device=None) -> tuple[int, int]:
-        total = _host_memory_bytes()
+        total = host_memory_bytes()
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), total
 
     @staticmethod
