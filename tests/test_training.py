@@ -4,9 +4,9 @@ Proves: a 2-rank run of the SimpleFSDP Llama recipe trains (finite, falling
 loss, a real memory figure); the compiled forward graph holds the FSDP
 all-gathers, the backward graph the reduce-scatters and the recomputed
 all-gathers (reshard after forward), and gradient clipping is its own compiled
-graph with the norm's all-reduce; the full-AC recipe trains through
-run_train.sh with a pinned global batch reached by gradient accumulation.
-TP layouts are trained in test_correctness.py and test_deepseek.py.
+graph with the norm's all-reduce. TP layouts and gradient accumulation are
+trained in test_correctness.py and test_deepseek.py, the full-AC recipe in
+test_memory.py.
 
 Run: .venv/bin/python -m pytest tests/test_training.py -q
 """
@@ -73,13 +73,3 @@ def test_two_rank_run_trains_and_graphs_hold_fsdp_collectives(tmp_path):
     # Compiled gradient clipping: a separate graph reducing the norm.
     assert any(c[ALL_REDUCE] and not c[ALL_GATHER] for c in forward)
 
-
-def test_fullac_recipe_through_run_train_with_accumulation(run, dump_folder):
-    result = run(
-        ["--training.steps", "6", *FAST, "--training.global_batch_size", "8"],
-        config="simple_fsdp_llama3_debugmodel_fullac",
-        dump_folder=dump_folder,
-    )
-    _assert_trains(result, 6)
-    assert "gradient accumulation steps 2" in result.output
-    assert "Applied FullAC activation checkpointing" in result.output
