@@ -3,9 +3,8 @@
 Proves: the SimpleFSDP DeepSeek debug recipe trains on 4 CPU ranks as
 TP2 x FSDP2 through run_train.sh (finite, falling loss) with the same per-step
 losses as 1 rank over 4 steps (fp32, same seed and data, within 1e-4), prints
-the expert
-load imbalance each step, and its expert biases move between steps; the
-plain-FSDP tiny flavors (Qwen3 and DeepSeek, TP2 x FSDP2) train (the plain
+the expert load imbalance each step, and its expert biases move between
+steps; the plain-FSDP tiny flavors (Qwen3 and DeepSeek, TP2 x FSDP2) train (the plain
 Llama FSDP2 recipe is trained against SimpleFSDP TP2 in test_correctness.py).
 
 Run: .venv/bin/python -m pytest tests/test_deepseek.py -q
