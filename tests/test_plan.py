@@ -3,8 +3,11 @@
 Proves: ``python -m torchtitan_neuron.plan --json`` prints peak, capacity,
 verdict and a breakdown for rank 0 of N without allocating the model, with
 AdamW's two moments per parameter; ``COMM_MODE=plan ./run_train.sh`` plans the
-same command; the sweep names the tutorial's order of fixes (full AC, then TP,
-then a smaller batch) at a fixed global batch. Planned against measured
+same command for trn2, with the Neuron runtime's scratchpad and micro-code
+terms; a compiled program's boundary tensors, shared scratchpad and private
+(over-a-page) intermediates are told apart on a real compiled function; the
+sweep names the tutorial's order of fixes (full AC, then TP, then a smaller
+batch) at a fixed global batch. Planned against measured
 memory, and across AC modes, is in test_memory.py.
 
 Run: .venv/bin/python -m pytest tests/test_plan.py -q
@@ -61,6 +64,9 @@ def test_run_train_plans_with_comm_mode_plan():
     assert "on 64 x trn2 (tp 1, dp_shard 64" in proc.stdout
     assert "capacity                        24.000 GiB" in proc.stdout
     assert "verdict: fits" in proc.stdout
+    # The Neuron runtime's terms: scratchpad and the micro-code of 2 cores.
+    assert "shared scratchpad" in proc.stdout and "private scratchpad" in proc.stdout
+    assert "runtime code                     0.188 GiB" in proc.stdout
     assert "torch.distributed.run" not in proc.stdout
 
 
@@ -89,3 +95,33 @@ def test_sweep_names_the_tutorials_order_of_fixes(monkeypatch):
         assert last.startswith("Smallest change that fits:"), last
         assert expected in last and "activation-checkpoint:full" in last, last
         assert "--training.global_batch_size=512" in last, last  # the batch is held
+
+
+def test_compiled_program_splits_device_tensors_from_scratchpad():
+    """The Neuron model on a real compiled function: what crosses the graph
+    boundary is a device tensor, what the graph makes and drops is scratchpad,
+    and an intermediate larger than a page is a private allocation."""
+    import torch
+
+    from torchtitan_neuron.memory import StorageTracker
+
+    mib = 2**20
+    backend = planner._register_plan_backend()
+    f = torch.compile(lambda x: ((x * 2 + 1).repeat(4, 1) * 3).sum(0), backend=backend)
+    x = torch.randn(mib // 4)  # 1 MiB of fp32
+    f(x)  # compile outside the tracker
+    tracker = StorageTracker()
+    tracker.large_var_bytes = 3 * mib
+    planner._ACTIVE_TRACKERS.append(tracker)
+    try:
+        with tracker:
+            out = f(x)
+    finally:
+        planner._ACTIVE_TRACKERS.remove(tracker)
+    assert out.shape == (mib // 4,)
+    # The output (1 MiB) is the only device tensor the program made.
+    assert tracker.tensor_peak == mib
+    # x*2 and x*2+1 (1 MiB each) are scratchpad; the two 4 MiB intermediates
+    # (repeat, and its product) are each over the 3 MiB page: private.
+    assert list(tracker.scratchpad_peak.values()) == [2 * mib]
+    assert list(tracker.scratchpad_large.values()) == [8 * mib]

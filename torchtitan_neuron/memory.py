@@ -64,10 +64,19 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-class StorageTracker(TorchDispatchMode):
-    """Follows every storage created while it is active, by category."""
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 
-    def __init__(self):
+
+class StorageTracker(TorchDispatchMode):
+    """Follows every storage created while it is active, by category.
+
+    With ``record_peak=True`` it also remembers which op made each live
+    storage, and keeps a copy of that table at the peak (refreshed whenever
+    the peak grows by more than 0.5%, so the copy is within 0.5% of the
+    peak): ``largest_at_peak()`` lists what the peak is made of.
+    """
+
+    def __init__(self, record_peak: bool = False):
         super().__init__()
         self.phase = "other"
         self.live: dict[int, tuple[int, str]] = {}
@@ -75,6 +84,32 @@ class StorageTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self.peak_by_category: dict[str, int] = {}
+        self.record_peak = record_peak
+        self._made_by: dict[int, tuple[str, tuple, str]] = {}
+        self._func = ""
+        self._snapshot: dict[int, tuple[int, str, tuple]] = {}
+        self._snapshot_bytes = 0
+        # Compiled-program accounting (see ``program``): storages that cross
+        # a program boundary ("tensors") apart from each program's own
+        # intermediates ("scratchpad").
+        self.tensor_current = 0
+        self.tensor_peak = 0
+        self.tensor_by_category: dict[str, int] = defaultdict(int)
+        self.tensor_peak_by_category: dict[str, int] = {}
+        self._tensor_keys: set[int] = set()
+        self._program: dict | None = None
+        self.scratchpad_peak: dict[int, int] = {}
+        self.scratchpad_large: dict[int, int] = {}
+        self.large_var_bytes: int | None = None
+        self.large_vars: dict[int, list[tuple[int, tuple]]] = {}
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile run its compiled graphs while the tracker is on
+        # (the tracker sees the ops those graphs execute); by default Dynamo
+        # falls back to eager under a dispatch mode, which would measure the
+        # eager step instead of the compiled one.
+        return True
 
     def _category(self, func) -> str:
         name = str(func)
@@ -88,9 +123,95 @@ class StorageTracker(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         size, category = self.live.pop(key, (0, None))
+        self._made_by.pop(key, None)
         if category is not None:
             self.current -= size
             self.by_category[category] -= size
+        if key in self._tensor_keys:
+            self._tensor_keys.discard(key)
+            self.tensor_current -= size
+            self.tensor_by_category[category] -= size
+        elif self._program is not None and key in self._program["local"]:
+            serial = self._program["local"].pop(key)
+            self._program["events"].append((serial, -size))
+
+    def _alias(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        """``wait_tensor`` returns its input on real tensors; FakeTensors give
+        it a new storage. Count one allocation, alive while ``out`` is."""
+        try:
+            old, new = id(_local(src).untyped_storage()), id(_local(out).untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return
+        if old == new or old not in self.live or new in self.live:
+            return
+        self.live[new] = self.live.pop(old)
+        if old in self._made_by:
+            self._made_by[new] = self._made_by.pop(old)
+        if old in self._tensor_keys:
+            self._tensor_keys.discard(old)
+            self._tensor_keys.add(new)
+        if self._program is not None and old in self._program["local"]:
+            self._program["local"][new] = self._program["local"].pop(old)
+        weakref.finalize(_local(out).untyped_storage(), self._free, new)
+
+    def _add_tensor(self, key: int, size: int, category: str) -> None:
+        self._tensor_keys.add(key)
+        self.tensor_current += size
+        self.tensor_by_category[category] += size
+        if self.tensor_current > self.tensor_peak:
+            self.tensor_peak = self.tensor_current
+            self.tensor_peak_by_category = dict(self.tensor_by_category)
+
+    @contextlib.contextmanager
+    def program(self, program_id: int):
+        """One execution of a compiled program (a NEFF on Neuron).
+
+        The Neuron runtime keeps a program's inputs and outputs as device
+        tensors and its intermediates in scratchpad: one shared scratchpad
+        per core, as large as the largest program's need, plus a private
+        allocation for each intermediate larger than a scratchpad page
+        (``large_var_bytes``), held while the program is loaded. So while
+        the program runs, its inputs and all its outputs are live tensors
+        at once; the storages it makes and frees before returning are
+        scratchpad, whose need is the peak of their op-by-op lifetimes.
+        """
+        if self._program is not None:  # nested: part of the outer program
+            yield
+            return
+        self._program = {"local": {}, "events": [], "made_by": {}, "entry": self.tensor_current,
+                         "entry_by_category": dict(self.tensor_by_category)}
+        try:
+            yield
+        finally:
+            prog, self._program = self._program, None
+            outputs = [k for k in prog["local"] if k in self.live]
+            out_bytes = sum(self.live[k][0] for k in outputs)
+            # Inputs freed while it ran were still held by the program.
+            if prog["entry"] + out_bytes > self.tensor_peak:
+                by_cat = defaultdict(int, prog["entry_by_category"])
+                for k in outputs:
+                    by_cat[self.live[k][1]] += self.live[k][0]
+                self.tensor_peak = prog["entry"] + out_bytes
+                self.tensor_peak_by_category = dict(by_cat)
+            for k in outputs:
+                self._add_tensor(k, *self.live[k])
+            outs = {prog["local"][k] for k in outputs}
+            current = peak = large = 0
+            large_vars = []
+            for serial, size in prog["events"]:
+                if serial in outs:
+                    continue
+                if self.large_var_bytes is not None and abs(size) > self.large_var_bytes:
+                    if size > 0:
+                        large += size
+                        large_vars.append((size, prog["made_by"].get(serial)))
+                    continue
+                current += size
+                peak = max(peak, current)
+            self.scratchpad_peak[program_id] = max(self.scratchpad_peak.get(program_id, 0), peak)
+            if large >= self.scratchpad_large.get(program_id, 0):
+                self.scratchpad_large[program_id] = large
+                self.large_vars[program_id] = large_vars
 
     def _track(self, t: torch.Tensor, category: str) -> None:
         t = _local(t)
@@ -106,12 +227,43 @@ class StorageTracker(TorchDispatchMode):
         weakref.finalize(storage, self._free, key)
         self.current += size
         self.by_category[category] += size
+        if self.record_peak:
+            self._made_by[key] = (self._func, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        if self._program is not None:
+            serial = len(self._program["events"])
+            self._program["local"][key] = serial
+            self._program["events"].append((serial, size))
+            if self.record_peak:
+                self._program["made_by"][serial] = self._made_by.get(key)
+        else:
+            self._add_tensor(key, size, category)
         if self.current > self.peak:
             self.peak = self.current
             self.peak_by_category = dict(self.by_category)
+            if self.record_peak and self.current > 1.005 * self._snapshot_bytes:
+                self._snapshot = {k: (size_, cat, self._made_by.get(k))
+                                  for k, (size_, cat) in self.live.items()}
+                self._snapshot_bytes = self.current
+
+    def largest_at_peak(self, n: int = 10) -> list[tuple[int, int, str, str, tuple, str]]:
+        """(bytes, count, category, op, shape, dtype) of the ``n`` largest
+        groups of same-op, same-shape storages live at the peak."""
+        groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+        for size, category, made_by in self._snapshot.values():
+            op, shape, dtype = made_by or ("(before tracking)", (), "")
+            g = groups[(category, op, shape, dtype)]
+            g[0] += size
+            g[1] += 1
+        ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]
+        return [(b, c, cat, op, shape, dtype) for (cat, op, shape, dtype), (b, c) in ranked]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func is _WAIT_TENSOR and isinstance(out, torch.Tensor):
+            self._alias(args[0], out)
+            return out
+        if self.record_peak:
+            self._func = str(func).removesuffix(".default")
         category = self._category(func)
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):

@@ -1,17 +1,19 @@
 """Pre-flight memory planner: will this recipe, at this layout, fit?
 
     python -m torchtitan_neuron.plan --module M --config C [--ngpu N]
-        [--target trn2|cuda|cpu] [--json] [torchtitan overrides...]
+        [--target trn2|trn3|cuda|cpu] [--json] [--top K] [--sweep]
+        [torchtitan overrides...]
 
 It builds the recipe's real trainer for rank 0 of ``N`` in one process, with
 torchtitan's fake process group (``--comm.mode fake_backend``) and every
 tensor a FakeTensor: no memory is allocated for parameters, activations or
-communication. It then runs two real training steps (the SimpleFSDP jit graph
-compiled through AOTAutograd with the min-cut partitioner the compiler uses,
-its activation checkpointing and TP layout, the real loss, gradient clipping
-and the real optimizer) and follows every tensor storage of the second step
-from the op that creates it until it is freed. The peak is the most bytes
-live at once, at the dtypes the run would use.
+communication. It then runs two real training steps: the SimpleFSDP jit graph
+compiled through AOTAutograd with the min-cut partitioner (the one aot_eager,
+inductor and neuron use in torch 2.14), run op by op with each value dropped
+after its last use; its activation checkpointing and TP layout; the real
+loss, gradient clipping and the real optimizer. It follows every tensor
+storage of the second step from the op that creates it until it is freed,
+at the dtypes the run would use.
 
 What it counts, per rank:
 
@@ -25,11 +27,23 @@ What it counts, per rank:
 - temporaries: everything else live at that moment (backward, clipping,
   optimizer).
 
-The compiled graph is executed op by op, each intermediate freed after its
-last use, so fusion (which removes pointwise intermediates) can only lower
-the true figure: within a graph this is an upper bound. Allocator
-fragmentation, the runtime's own reservations and communication buffers are
-not modelled.
+``--target cpu`` and ``cuda``: the peak is the most bytes live at once, op by
+op. Fusion (which removes pointwise intermediates) can only lower it.
+
+``--target trn2`` and ``trn3`` model the Neuron runtime's device memory as
+AWS documents it (neuron-runtime/explore/device-memory): each compiled graph
+is a NEFF whose inputs and outputs are device tensors, all allocated while it
+runs, and whose intermediates live in scratchpad. The runtime keeps one shared
+scratchpad per core as large as the largest NEFF's need, in 512 MB pages,
+plus a private allocation for every intermediate larger than a page, and
+96 MB of micro-code per physical core (two per rank at LNC=2). So the peak is
+the state, plus the device tensors at their peak, plus both scratchpads, plus
+the micro-code. Attention is saved by selective AC on those targets (and on
+CUDA) where the CPU kernel is not (``_target_attention``).
+
+Not modelled: allocator fragmentation, the NEFFs' own code, constants and DMA
+rings, communication buffers, and how the Neuron compiler lays out its
+scratchpad variables (the plan assumes op-by-op lifetimes within a NEFF).
 """
 
 from __future__ import annotations
@@ -54,6 +68,17 @@ GIB = 1024**3
 #   trn3: 144 GiB per chip / 4 logical cores = 36 GiB.
 TARGET_CAPACITY_GIB = {"trn2": 24.0, "trn3": 36.0}
 TARGETS = ("trn2", "trn3", "cuda", "cpu")
+NEURON_TARGETS = ("trn2", "trn3")
+
+# The Neuron runtime's own device memory, from AWS's "Neuron device memory"
+# page (neuron-runtime/explore/device-memory): a micro-code overhead of 96 MB
+# per physical NeuronCore (LNC=2: two per rank), and scratchpad allocated in
+# pages of 512 MB by default (NEURON_SCRATCHPAD_PAGE_SIZE, in MB).
+NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE = 96 * 2**20
+NEURON_DEFAULT_SCRATCHPAD_PAGE_MB = 512
+
+# The compiled programs of the step being planned report to this tracker.
+_ACTIVE_TRACKERS: list = []
 
 
 @dataclass
@@ -65,6 +90,7 @@ class Plan:
     peak_gib: float
     capacity_gib: float
     breakdown: dict = field(default_factory=dict)
+    largest: list = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -81,6 +107,7 @@ class Plan:
             "capacity_gib": round(self.capacity_gib, 4), "fits": self.fits,
             "headroom_gib": round(self.headroom_gib, 4),
             "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
+            **({"largest_at_peak": self.largest} if self.largest else {}),
         }
 
     def describe(self) -> str:
@@ -92,6 +119,11 @@ class Plan:
             lines.append(f"  {name.replace('_', ' '):<28} {gib:9.3f} GiB")
         lines.append(f"  {'peak':<28} {self.peak_gib:9.3f} GiB")
         lines.append(f"  {'capacity':<28} {self.capacity_gib:9.3f} GiB")
+        if self.largest:
+            lines.append("largest storages at the peak (GiB, count, term, made by, shape, dtype):")
+            for row in self.largest:
+                lines.append(f"  {row['gib']:9.3f} x{row['count']:<4} {row['term']:<20} "
+                             f"{row['op']} {list(row['shape'])} {row['dtype']}")
         verdict = "fits" if self.fits else "OOM"
         lines.append(
             f"verdict: {verdict} (headroom {self.headroom_gib:+.3f} GiB, "
@@ -126,29 +158,40 @@ def ac_name(ac_config) -> str:
     return "none"
 
 
-def _register_plan_backend(requested: str) -> str:
-    """An AOTAutograd backend that runs each graph op by op, partitioned the
-    way ``requested`` partitions: aot_eager with the default partitioner,
-    every compiler (inductor, neuron) with the min-cut rematerializer."""
+def _register_plan_backend() -> str:
+    """An AOTAutograd backend that runs each graph op by op, as torch 2.14's
+    ``aot_eager`` does: the min-cut rematerialization partitioner (which
+    aot_eager, inductor and neuron all use), input mutations kept in the
+    graph, and boxed code that drops each input and intermediate after its
+    last use. Each graph execution is reported to the active tracker as one
+    compiled program."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._functorch.partitioners import (
-        default_partition,
-        min_cut_rematerialization_partition,
-    )
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch.fx.graph import _BoxedCodeGen
 
-    eager = requested in ("aot_eager", "eager")
-    name = "torchtitan_neuron_plan_" + ("default" if eager else "min_cut")
+    name = "torchtitan_neuron_plan"
     if name not in torch._dynamo.list_backends(exclude_tags=()):
 
         def run_graph(gm, example_inputs):
-            return make_boxed_func(gm.forward)
+            gm.graph.set_codegen(_BoxedCodeGen())
+            gm.recompile()
+            forward = gm.forward
+
+            def run(args):
+                if not _ACTIVE_TRACKERS:
+                    return forward(args)
+                with _ACTIVE_TRACKERS[-1].program(id(gm)):
+                    return forward(args)
+
+            run._boxed_call = True
+            return run
 
         torch._dynamo.register_backend(
             name=name,
             compiler_fn=aot_autograd(
                 fw_compiler=run_graph, bw_compiler=run_graph,
-                partition_fn=default_partition if eager else min_cut_rematerialization_partition,
+                partition_fn=min_cut_rematerialization_partition,
+                keep_inference_input_mutations=True,
             ),
         )
     return name
@@ -184,6 +227,38 @@ def _fake_model_state(fake_mode):
         torch.nn.Module.to_empty = to_empty
 
 
+@contextlib.contextmanager
+def _target_attention(target: str):
+    """Selective AC as it decides on the target, not on this CPU.
+
+    torchtitan's selective policy saves the output of the attention op. On
+    CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``,
+    which is not in torchtitan's save list, so a CPU run recomputes attention
+    in the backward. On CUDA it dispatches to the flash or efficient kernel,
+    and on Neuron (a PrivateUse1 device) to
+    ``_scaled_dot_product_fused_attention_overrideable``: both are in the
+    list, so the attention output and its log-sum-exp are saved. When
+    planning for those targets, the CPU kernel (same outputs, same shapes)
+    is saved as theirs would be."""
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    if target == "cpu":
+        yield
+        return
+    get_save_ops = SelectiveAC.get_save_ops
+
+    def target_save_ops(self):
+        return get_save_ops(self) | {
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+        }
+
+    SelectiveAC.get_save_ops = target_save_ops
+    try:
+        yield
+    finally:
+        SelectiveAC.get_save_ops = get_save_ops
+
+
 def _batches(config, vocab_size: int, count: int) -> list:
     """Real (small) token batches: the step reads their count of valid tokens."""
     batch, seq = config.training.local_batch_size, config.training.seq_len
@@ -196,7 +271,7 @@ def _batches(config, vocab_size: int, count: int) -> list:
     return out
 
 
-def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
+def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtitan_neuron import platform
@@ -221,11 +296,16 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     config.metrics.enable_tensorboard = False
     config.metrics.enable_wandb = False
     if config.compile.enable:
-        config.compile.backend = _register_plan_backend(config.compile.backend)
+        config.compile.backend = _register_plan_backend()
 
-    tracker = StorageTracker()
+    tracker = StorageTracker(record_peak=top > 0)
+    neuron = target in NEURON_TARGETS
+    if neuron:
+        page = int(os.environ.get("NEURON_SCRATCHPAD_PAGE_SIZE",
+                                  NEURON_DEFAULT_SCRATCHPAD_PAGE_MB)) * 2**20
+        tracker.large_var_bytes = page
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _fake_model_state(fake_mode):
+    with _fake_model_state(fake_mode), _target_attention(target):
         trainer = config.build()
     data = iter(_batches(config, trainer.model_config.vocab_size,
                          2 * trainer.gradient_accumulation_steps))
@@ -240,13 +320,35 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
     trainer.train_step(data)
     state = state_bytes(trainer)
     trainer.step = 2
-    with tracker:
-        trainer.train_step(data)
+    _ACTIVE_TRACKERS.append(tracker)
+    try:
+        with tracker:
+            trainer.train_step(data)
+    finally:
+        _ACTIVE_TRACKERS.remove(tracker)
     persistent = sum(state.values())
     breakdown = {k: v / GIB for k, v in state.items()}
-    for category in ("gathered_parameters", "saved_activations", "logits_and_loss",
-                     "temporaries"):
-        breakdown[category] = tracker.peak_by_category.get(category, 0) / GIB
+    categories = ("gathered_parameters", "saved_activations", "logits_and_loss", "temporaries")
+    if neuron:
+        # Device tensors (the step's storages that cross a compiled program's
+        # boundary) at their peak, plus what the runtime holds for the whole
+        # step: the shared scratchpad (the largest program's intermediates,
+        # in whole pages), each program's private allocations for
+        # intermediates larger than a page, and the micro-code.
+        for category in categories:
+            breakdown[category] = tracker.tensor_peak_by_category.get(category, 0) / GIB
+        shared = max(tracker.scratchpad_peak.values(), default=0)
+        shared = -(-shared // page) * page
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+        breakdown["shared_scratchpad"] = shared / GIB
+        breakdown["private_scratchpad"] = sum(tracker.scratchpad_large.values()) / GIB
+        breakdown["runtime_code"] = lnc * NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE / GIB
+        peak_bytes = persistent + tracker.tensor_peak + shared + sum(
+            tracker.scratchpad_large.values()) + lnc * NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE
+    else:
+        for category in categories:
+            breakdown[category] = tracker.peak_by_category.get(category, 0) / GIB
+        peak_bytes = persistent + tracker.peak
     pd = trainer.parallel_dims
     layout = {"tp": pd.tp, "dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate,
               "local_batch": config.training.local_batch_size,
@@ -255,10 +357,22 @@ def plan(config, *, ngpu: int, target: str, recipe: str) -> Plan:
               "global_batch": config.training.local_batch_size
               * trainer.gradient_accumulation_steps * pd.dp_shard * pd.dp_replicate,
               "ac": ac_name(config.activation_checkpoint)}
+    largest = [
+        {"gib": round(b / GIB, 4), "count": c, "term": term, "op": op,
+         "shape": list(shape), "dtype": dtype}
+        for b, c, term, op, shape, dtype in tracker.largest_at_peak(top)
+    ] if top else []
+    if neuron and top:
+        for program_vars in tracker.large_vars.values():
+            for size, made_by in program_vars:
+                op, shape, dtype = made_by or ("?", (), "")
+                largest.append({"gib": round(size / GIB, 4), "count": 1,
+                                "term": "private_scratchpad", "op": op,
+                                "shape": list(shape), "dtype": dtype})
     return Plan(
         recipe=recipe, ngpu=ngpu, target=target, layout=layout,
-        peak_gib=(persistent + tracker.peak) / GIB,
-        capacity_gib=capacity_gib(target, ngpu), breakdown=breakdown,
+        peak_gib=peak_bytes / GIB,
+        capacity_gib=capacity_gib(target, ngpu), breakdown=breakdown, largest=largest,
     )
 
 
@@ -356,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--capacity-gib", type=float, default=None,
                         help="device memory per rank, in place of the target's figure")
+    parser.add_argument("--top", type=int, default=0, metavar="N",
+                        help="also list the N largest groups of tensors live at the peak")
     parser.add_argument("--sweep", action="store_true",
                         help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch")
     opts, overrides = parser.parse_known_args(argv)
@@ -367,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     config = ConfigManager().parse_args(
         ["--module", opts.module, "--config", opts.config, *overrides]
     )
-    result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config)
+    result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
+                  top=max(opts.top, 0))
     if opts.capacity_gib is not None:
         result.capacity_gib = opts.capacity_gib
     if opts.json:

@@ -203,6 +203,15 @@ class _NeuronTrainerMixin:
             )
 
     def _measured_train_step(self, data_iterator) -> None:
+        compile_config = self.config.compile
+        if compile_config.enable and compile_config.backend != "aot_eager":
+            logger.warning(
+                f"{MEASURE_MEMORY_ENV}: the tracker sees the storages made by "
+                "ops that pass through the dispatcher; compile backend "
+                f"'{compile_config.backend}' allocates some of its buffers "
+                "outside it, so part of the step is not counted. Measure with "
+                "--compile.backend aot_eager (the same graphs, run op by op)."
+            )
         persistent = state_bytes(self)
         with self._tracker:
             super().train_step(data_iterator)
