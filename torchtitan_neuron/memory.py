@@ -168,9 +168,11 @@ class StorageTracker(TorchDispatchMode):
 
         The Neuron runtime keeps a program's inputs and outputs as device
         tensors and its intermediates in scratchpad: one shared scratchpad
-        per core, as large as the largest program's need, plus a private
-        allocation for each intermediate larger than a scratchpad page
-        (``large_var_bytes``), held while the program is loaded. So while
+        per core, as large as the largest program's need, plus private
+        allocations for intermediates larger than a scratchpad page
+        (``large_var_bytes``), held while the program is loaded; those
+        with disjoint lifetimes can share one, so a program's private need
+        is the peak of its large intermediates live at once. So while
         the program runs, its inputs and all its outputs are live tensors
         at once; the storages it makes and frees before returning are
         scratchpad, whose need is the peak of their op-by-op lifetimes.
@@ -197,30 +199,41 @@ class StorageTracker(TorchDispatchMode):
                 self._add_tensor(k, *self.live[k])
             outs = {prog["local"][k] for k in outputs}
             current = peak = large = 0
-            large_vars = []
+            # Over-a-page intermediates get their own allocations; ones
+            # whose lifetimes do not overlap can reuse one, so a program
+            # needs the peak of those live at once (``large_vars``: the set
+            # live at that peak).
+            large = large_peak = 0
+            live_large: dict[int, int] = {}
+            large_vars: list = []
             for serial, size in prog["events"]:
                 if serial in outs:
                     continue
                 if self.large_var_bytes is not None and abs(size) > self.large_var_bytes:
                     if size > 0:
-                        large += size
-                        large_vars.append((size, prog["made_by"].get(serial)))
+                        live_large[serial] = size
+                    else:
+                        live_large.pop(serial, None)
+                    large += size
+                    if large > large_peak:
+                        large_peak = large
+                        large_vars = [(b, prog["made_by"].get(k)) for k, b in live_large.items()]
                     continue
                 current += size
                 peak = max(peak, current)
             self.scratchpad_peak[program_id] = max(self.scratchpad_peak.get(program_id, 0), peak)
-            if large >= self.scratchpad_large.get(program_id, 0):
-                self.scratchpad_large[program_id] = large
+            if large_peak >= self.scratchpad_large.get(program_id, 0):
+                self.scratchpad_large[program_id] = large_peak
                 self.large_vars[program_id] = large_vars
 
-    def _track(self, t: torch.Tensor, category: str) -> None:
+    def _track(self, t: torch.Tensor, category: str, inputs: set = frozenset()) -> None:
         t = _local(t)
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
         key = id(storage)
-        if key in self.live:
+        if key in self.live or key in inputs:
             return
         size = storage.nbytes()
         self.live[key] = (size, category)
@@ -265,9 +278,20 @@ class StorageTracker(TorchDispatchMode):
         if self.record_peak:
             self._func = str(func).removesuffix(".default")
         category = self._category(func)
+        # In-place ops and views return an input's storage: not a new
+        # allocation, even when that storage predates the tracker (the
+        # parameters, gradients and optimizer state zeroed and updated in
+        # place every step).
+        inputs = set()
+        for leaf in pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                try:
+                    inputs.add(id(_local(leaf).untyped_storage()))
+                except (RuntimeError, NotImplementedError):
+                    pass
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
-                self._track(leaf, category)
+                self._track(leaf, category, inputs)
         return out
 
     @contextlib.contextmanager
