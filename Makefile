@@ -26,7 +26,7 @@ train: install
 test: install
 	$(PY) -m pytest -q tests
 
-# Planned vs measured peak tensor memory on CPU ranks (about 20 minutes);
+# Planned vs measured peak tensor memory on CPU ranks (about 30 minutes);
 # writes docs/plan_accuracy.md. Not part of `make test`.
 bench-plan: install
 	$(PY) scripts/bench_plan.py

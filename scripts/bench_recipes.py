@@ -1,0 +1,59 @@
+"""A medium Llama 3 for the CPU benchmarks: between the debug model and 1B.
+
+The debug model (6 layers, dim 256, 6.2 M parameters) is activation-bound at
+any useful sequence length; this one (8 layers, dim 768, 2048-token vocab,
+about 58 M parameters) gives parameters, gradients and optimizer state a
+real share of the memory while one step still runs in seconds on a 2-core
+CPU. Select with ``--module scripts.bench_recipes`` from the repository root.
+"""
+
+from dataclasses import replace
+
+import torchtitan.models.llama3 as upstream
+
+from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
+    _neuron_simple_fsdp_llama3_config,
+)
+from torchtitan_neuron.models.llama3.config_registry import (
+    cpu_rehearsal_llama3_debugmodel,
+)
+from torchtitan_neuron.trainer import NeuronGraphTrainer
+
+MEDIUM = "bench_medium"
+
+
+def _medium(attn_backend: str, tp_gemm_backend: str = "default"):
+    dim, n_heads, n_layers, vocab = 768, 12, 8, 2048
+    return upstream.Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        tok_embeddings=upstream.Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=upstream._EMBEDDING_INIT
+        ),
+        norm=upstream.RMSNorm.Config(normalized_shape=dim, param_init=upstream._NORM_INIT),
+        lm_head=upstream.Linear.Config(
+            in_features=dim, out_features=vocab,
+            param_init=upstream._output_linear_init(dim),
+        ),
+        layers=upstream._build_llama3_layers(
+            fuse_qkv=True, n_layers=n_layers, dim=dim, n_heads=n_heads,
+            hidden_dim=upstream.compute_ffn_hidden_dim(dim, multiple_of=256),
+            rope=upstream.ComplexRoPE.Config(
+                dim=dim // n_heads, max_seq_len=131072, theta=500000, scaling="llama"
+            ),
+            attn_backend=attn_backend, tp_gemm_backend=tp_gemm_backend,
+        ),
+    )
+
+
+upstream.llama3_configs.setdefault(MEDIUM, _medium)
+
+
+def _medium_base():
+    config = cpu_rehearsal_llama3_debugmodel()
+    config.model_spec = replace(config.model_spec, flavor=MEDIUM)
+    return config
+
+
+def simple_fsdp_llama3_medium() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_llama3_config(_medium_base)
