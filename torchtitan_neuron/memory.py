@@ -67,6 +67,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 
 
+def _storage_key(t: torch.Tensor) -> int | None:
+    """The identity of the storage behind ``t`` (its local shard's)."""
+    try:
+        return id(_local(t).untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 class StorageTracker(TorchDispatchMode):
     """Follows every storage created while it is active, by category.
 
@@ -138,11 +146,8 @@ class StorageTracker(TorchDispatchMode):
     def _alias(self, src: torch.Tensor, out: torch.Tensor) -> None:
         """``wait_tensor`` returns its input on real tensors; FakeTensors give
         it a new storage. Count one allocation, alive while ``out`` is."""
-        try:
-            old, new = id(_local(src).untyped_storage()), id(_local(out).untyped_storage())
-        except (RuntimeError, NotImplementedError):
-            return
-        if old == new or old not in self.live or new in self.live:
+        old, new = _storage_key(src), _storage_key(out)
+        if old is None or new is None or old == new or old not in self.live or new in self.live:
             return
         self.live[new] = self.live.pop(old)
         if old in self._made_by:
@@ -198,7 +203,7 @@ class StorageTracker(TorchDispatchMode):
             for k in outputs:
                 self._add_tensor(k, *self.live[k])
             outs = {prog["local"][k] for k in outputs}
-            current = peak = large = 0
+            current = peak = 0
             # Over-a-page intermediates get their own allocations; ones
             # whose lifetimes do not overlap can reuse one, so a program
             # needs the peak of those live at once (``large_vars``: the set
@@ -282,13 +287,8 @@ class StorageTracker(TorchDispatchMode):
         # allocation, even when that storage predates the tracker (the
         # parameters, gradients and optimizer state zeroed and updated in
         # place every step).
-        inputs = set()
-        for leaf in pytree.tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor):
-                try:
-                    inputs.add(id(_local(leaf).untyped_storage()))
-                except (RuntimeError, NotImplementedError):
-                    pass
+        inputs = {_storage_key(leaf) for leaf in pytree.tree_leaves((args, kwargs))
+                  if isinstance(leaf, torch.Tensor)}
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf, category, inputs)

@@ -340,11 +340,12 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
         shared = max(tracker.scratchpad_peak.values(), default=0)
         shared = -(-shared // page) * page
         lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+        private = sum(tracker.scratchpad_large.values())
+        code = lnc * NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE
         breakdown["shared_scratchpad"] = shared / GIB
-        breakdown["private_scratchpad"] = sum(tracker.scratchpad_large.values()) / GIB
-        breakdown["runtime_code"] = lnc * NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE / GIB
-        peak_bytes = persistent + tracker.tensor_peak + shared + sum(
-            tracker.scratchpad_large.values()) + lnc * NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE
+        breakdown["private_scratchpad"] = private / GIB
+        breakdown["runtime_code"] = code / GIB
+        peak_bytes = persistent + tracker.tensor_peak + shared + private + code
     else:
         for category in categories:
             breakdown[category] = tracker.peak_by_category.get(category, 0) / GIB
