@@ -36,8 +36,9 @@ for arg in "$@"; do
 done
 "$PYTHON" -m torchtitan_neuron.preflight --module "$MODULE" --config "$CONFIG" "$@"
 
-# torchrun forwards SIGINT/SIGTERM to every rank; exec so Ctrl-C reaches it directly.
-exec "$PYTHON" -m torch.distributed.run \
+# torchrun (in torchtitan_neuron.launch) forwards SIGINT/SIGTERM to every rank;
+# exec so Ctrl-C reaches it directly.
+exec "$PYTHON" -m torchtitan_neuron.launch \
     --nproc_per_node="$NGPU" \
     --rdzv_backend c10d --rdzv_endpoint="localhost:0" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \

@@ -88,3 +88,28 @@ def dump_folder(tmp_path):
 @pytest.fixture
 def run():
     return run_train
+
+
+def _descendants(root: int) -> set[int]:
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], stdout=subprocess.PIPE, text=True)
+    children: dict[int, list[int]] = {}
+    for line in ps.stdout.splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.add(pid)
+        except ProcessLookupError:
+            pass
+    return alive
