@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test bench-plan clean
+.PHONY: install train test check-errors bench-plan clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -27,6 +27,11 @@ train: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# Every launch mistake the tutorial's users make, run as they would run it:
+# one line per case with the message seen and the time to exit (~5 minutes).
+check-errors: install
+	$(PY) scripts/check_errors.py
 
 # Planned vs measured peak tensor memory on CPU ranks (about 30 minutes);
 # writes docs/plan_accuracy.md. Not part of `make test`.

@@ -31,10 +31,10 @@ fi
 # Validate the config in one process first: errors show once, before any rank.
 for arg in "$@"; do
     case "$arg" in -h|--help)
-        exec "$PYTHON" -m torchtitan_neuron.preflight --module "$MODULE" --config "$CONFIG" "$@" ;;
+        exec "$PYTHON" -m torchtitan_neuron.preflight --ngpu "$NGPU" --module "$MODULE" --config "$CONFIG" "$@" ;;
     esac
 done
-"$PYTHON" -m torchtitan_neuron.preflight --module "$MODULE" --config "$CONFIG" "$@"
+"$PYTHON" -m torchtitan_neuron.preflight --ngpu "$NGPU" --module "$MODULE" --config "$CONFIG" "$@"
 
 # torchrun (in torchtitan_neuron.launch) forwards SIGINT/SIGTERM to every rank;
 # exec so Ctrl-C reaches it directly.

@@ -3,7 +3,8 @@
 Proves: a refused setting (``--compile.mode aot_fx_trace``) is reported once,
 clearly, with a non-zero exit before any rank starts. Ctrl-C on the launcher
 (every rank gone within 5 s, exit code 130, no process left) is checked where
-test_correctness.py interrupts a checkpointing run.
+test_correctness.py interrupts a checkpointing run. A rank that crashes
+mid-run stops the others within 30 s, and its error is the first printed.
 
 Run: .venv/bin/python -m pytest tests/test_launcher.py -q
 """
@@ -22,3 +23,46 @@ def test_non_jit_mode_fails_fast_through_the_launcher(run, dump_folder):
     assert text.count("jit is the only supported compile mode for SimpleFSDP") == 1
     assert "torch.distributed.run" not in text and "Training starts" not in text
     assert elapsed < 60
+
+
+def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
+    """Rank 1 raises at step 3 while rank 0 goes into the step's collectives:
+    rank 0 is stopped within 30 s, nothing is left running, and the first
+    error printed is rank 1's, with where it was raised."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import LLAMA_MODULE, REPO, _ANSI, _alive, _descendants
+
+    cmd = [sys.executable, "-m", "torchtitan_neuron.launch", "--nproc_per_node=2",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+           "tests/helpers/train_crashing_rank.py", "--module", LLAMA_MODULE,
+           "--config", "simple_fsdp_llama3_debugmodel", *FAST,
+           "--training.steps", "10", f"--dump_folder={tmp_path}"]
+    env = dict(os.environ, CRASH_RANK="1", CRASH_AT_STEP="3")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, ranks, start = [], set(), None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if start is None and "step:  2" in line:
+                ranks, start = _descendants(proc.pid), time.monotonic()
+        proc.wait(timeout=60)
+        elapsed = time.monotonic() - start
+        left = _alive(ranks)
+    finally:
+        for pid in _alive(ranks | _descendants(proc.pid)):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = _ANSI.sub("", "".join(lines))
+    assert proc.returncode == 1, output[-3000:]
+    assert elapsed < 30, f"took {elapsed:.1f}s after step 2"
+    assert not left, left
+    errors = [l for l in output.splitlines() if "Error" in l or "failed first" in l]
+    assert "rank 1 failed first: RuntimeError: injected failure on rank 1 at step 3" in errors[0]
+    assert "train_crashing_rank.py:" in errors[0]

@@ -480,10 +480,18 @@ def main(argv: list[str] | None = None) -> int:
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger, logger
 
+    from torchtitan_neuron.preflight import PreflightError, check_layout, check_recipe
+
     init_logger()
-    config = ConfigManager().parse_args(
-        ["--module", opts.module, "--config", opts.config, *overrides]
-    )
+    try:
+        check_recipe(opts.module, opts.config)
+        config = ConfigManager().parse_args(
+            ["--module", opts.module, "--config", opts.config, *overrides]
+        )
+        check_layout(config, opts.ngpu)
+    except PreflightError as exc:
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        return 2
     result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
                   top=max(opts.top, 0))
     if opts.capacity_gib is not None:

@@ -10,13 +10,35 @@ compiled graphs and the process group, which takes seconds and holds nothing
 the user needs, is skipped. A checkpoint being written when the signal comes
 is never mistaken for a good one: checkpoints are written under a temporary
 name and renamed when complete.
+
+A rank whose collective fails because another rank died (gloo's "Connection
+closed by peer") waits quietly for torchrun to stop it, so the first error a
+user sees is the failing rank's own, which ``torchtitan_neuron.launch``
+prints first.
 """
 
 import logging
 import os
 import sys
+import time
 
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+# What a rank's collective reports when another rank has died under it.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "communicator was aborted")
+# How long such a rank waits, silent, for torchrun to stop it.
+PEER_FAILURE_GRACE_S = 10.0
+
+
+def _peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because a peer rank died: the
+    symptom on this rank, not the cause."""
+    import torch.distributed as dist
+
+    if isinstance(exc, (dist.DistNetworkError,)):
+        return True
+    return any(text in str(exc) for text in _PEER_GONE)
 
 
 def _exit_interrupted() -> None:
@@ -50,6 +72,14 @@ def main() -> None:
         torchtitan.train.main()
     except KeyboardInterrupt:
         _exit_interrupted()
+    except Exception as exc:
+        if "TORCHELASTIC_RUN_ID" in os.environ and _peer_failure(exc):
+            # Another rank failed first. torchrun stops this one within a
+            # second of seeing that; staying quiet until then keeps this
+            # rank's secondary traceback from being printed before the root
+            # cause (torchtitan_neuron.launch prints that first).
+            time.sleep(PEER_FAILURE_GRACE_S)
+        raise
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
+from torchtitan_neuron.checkpoint import make_saves_atomic
 from torchtitan_neuron.init import layout_invariant_init
 from torchtitan_neuron.memory import (
     StorageTracker,
@@ -137,6 +138,7 @@ class _NeuronTrainerMixin:
                 "independent of the parallel layout"
             )
         _force_sum_reductions_on_gloo(self.model_parts)
+        make_saves_atomic(self.checkpointer)
         compile_config = self.config.compile
         clip = dist_utils.clip_grad_norm_
         if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:

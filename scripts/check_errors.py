@@ -1,0 +1,304 @@
+"""Run every way a launch can go wrong, as a user would, and report each.
+
+    make check-errors        (or: .venv/bin/python scripts/check_errors.py [CASE ...])
+
+Each case is a real command (``./run_train.sh`` with NGPU/MODULE/CONFIG and
+flags, or the download script); it prints one line per case: the case, the
+exit code, the seconds until the command exited (for Ctrl-C and a crashing
+rank: from the signal or the crash), and the message seen. A case fails
+(and the script exits 1) when the exit code or the message is not the
+expected one, when it takes longer than its limit, or when a token set in
+the environment shows up in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
+DEBUG = "simple_fsdp_llama3_debugmodel"
+DATA = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer"]
+FAST = [*DATA, "--compile.backend", "aot_eager", "--training.seq_len", "256",
+        "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
+TOKEN = "hf_checkErrorsNotARealToken0123"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Outcome:
+    code: int
+    seconds: float
+    output: str
+
+
+def _env(ngpu: int = 2, module: str = LLAMA, config: str = DEBUG, **extra) -> dict:
+    env = dict(os.environ, NGPU=str(ngpu), MODULE=module, CONFIG=config,
+               PYTHON=sys.executable, HF_TOKEN=TOKEN)
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], env: dict, timeout: float = 600) -> Outcome:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return Outcome(proc.returncode, time.monotonic() - start, ANSI.sub("", proc.stdout))
+
+
+def _train(args: list[str], **env) -> Outcome:
+    return _run(["./run_train.sh", *args], _env(**env))
+
+
+def _descendants(root: int) -> set[int]:
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], stdout=subprocess.PIPE, text=True)
+    children: dict[int, list[int]] = {}
+    for line in ps.stdout.splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.add(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def _watch(cmd: list[str], env: dict, trigger: str, on_trigger=None,
+           timeout: float = 600) -> tuple[Outcome, set[int]]:
+    """Run ``cmd``; when ``trigger`` appears, call ``on_trigger(proc)`` and time
+    the rest of the run from there. Returns the outcome and the processes
+    that were running at the trigger."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, ranks, start = [], set(), None
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if start is None and trigger in line:
+                ranks = _descendants(proc.pid)
+                start = time.monotonic()
+                if on_trigger:
+                    on_trigger(proc)
+            if time.monotonic() > deadline:
+                break
+        proc.wait(timeout=60)
+    finally:
+        for pid in _alive(ranks | _descendants(proc.pid)):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    seconds = time.monotonic() - start if start is not None else float("nan")
+    return Outcome(proc.returncode, seconds, ANSI.sub("", "".join(lines))), ranks
+
+
+def _error_line(output: str, pattern: str) -> str:
+    for line in output.splitlines():
+        if pattern in line:
+            return " ".join(line.replace("\u2502", " ").split())
+    return ""
+
+
+# Each case: (name, what it shows, function returning (Outcome, message, problems)).
+
+
+def case_short_module(tmp):
+    out = _train(FAST, module="llama3")
+    return out, _error_line(out.output, "set MODULE="), [
+        p for p, bad in (("exit code is not 2", out.code != 2),
+                         ("a rank started", "[rank" in out.output)) if bad]
+
+
+def case_import_error(tmp):
+    pkg = tmp / "broken_recipes"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config_registry.py").write_text("import not_a_real_package\n")
+    out = _run(["./run_train.sh", *FAST],
+               _env(module="broken_recipes", config="my_recipe", PYTHONPATH=str(tmp)))
+    return out, _error_line(out.output, "failed to import"), [
+        p for p, bad in (("exit code is not 2", out.code != 2),
+                         ("real ImportError not shown", "not_a_real_package" not in out.output))
+        if bad]
+
+
+def case_compile_mode(tmp):
+    out = _train([*FAST, "--compile.mode", "aot_fx_trace"])
+    text = " ".join(out.output.replace("\u2502", " ").split())
+    msg = "jit is the only supported compile mode for SimpleFSDP"
+    return out, msg if msg in text else "", [
+        p for p, bad in (("exit code is not 2", out.code != 2),
+                         ("message not printed exactly once", text.count(msg) != 1)) if bad]
+
+
+def _preflight_case(args, pattern, **env):
+    out = _train(args, **env)
+    return out, _error_line(out.output, pattern), [
+        p for p, bad in (("exit code is not 2", out.code != 2),
+                         ("a rank started", "[rank" in out.output)) if bad]
+
+
+def case_missing_tokenizer(tmp):
+    return _preflight_case([*FAST, f"--hf_assets_path={tmp}/no-tokenizer"], "--hf_assets_path")
+
+
+def case_gated_download(tmp):
+    out = _run([sys.executable, "scripts/download_hf_assets.py", "--repo_id",
+                "meta-llama/Llama-3.1-8B", "--assets", "tokenizer",
+                "--local_dir", str(tmp / "hf")], _env())
+    line = next((l for l in out.output.splitlines() if l.strip()), "")
+    return out, line, [p for p, bad in (("exit code is 0", out.code == 0),
+                                        ("traceback shown", "Traceback" in out.output)) if bad]
+
+
+def case_c4_offline(tmp):
+    args = [a for a in FAST if a not in ("c4_test",)]
+    args[args.index("--dataloader.dataset") + 1:args.index("--dataloader.dataset") + 1] = ["c4"]
+    return _preflight_case(args, "allenai/c4")
+
+
+def _dataset_case(tmp, bad_line, pattern):
+    folder = tmp / "data"
+    folder.mkdir()
+    good = json.dumps({"text": "A document."})
+    (folder / "data.json").write_text(f"{good}\n{bad_line}\n{good}\n")
+    return _preflight_case([*FAST, f"--dataloader.dataset_path={folder}"], pattern)
+
+
+def case_bad_json_line(tmp):
+    return _dataset_case(tmp, '{"text": "cut off', "data.json:2")
+
+
+def case_missing_text_field(tmp):
+    return _dataset_case(tmp, '{"body": "no text"}', "data.json:2")
+
+
+def case_seq_len_tp(tmp):
+    return _preflight_case([*FAST, "--parallelism.tensor_parallel_degree", "2",
+                            "--training.seq_len", "250"], "--training.seq_len 250")
+
+
+def case_global_batch(tmp):
+    return _preflight_case([*FAST, "--training.global_batch_size", "6"],
+                           "--training.global_batch_size 6")
+
+
+def case_tp_ngpu(tmp):
+    return _preflight_case([*FAST, "--parallelism.tensor_parallel_degree", "2"],
+                           "NGPU=3", ngpu=3)
+
+
+def case_cpu_oversubscribed(tmp):
+    ngpu = (os.cpu_count() or 1) + 1
+    out = _train([*FAST, "--training.steps", "1", f"--dump_folder={tmp}"], ngpu=ngpu)
+    return out, _error_line(out.output, "oversubscribed"), [
+        p for p, bad in (("exit code is not 0", out.code != 0),
+                         ("no oversubscription note", "oversubscribed" not in out.output))
+        if bad]
+
+
+def case_ctrl_c(tmp):
+    args = [*FAST, "--training.steps", "1000", f"--dump_folder={tmp}"]
+    out, ranks = _watch(["./run_train.sh", *args], _env(), "step:  2",
+                        lambda proc: os.killpg(proc.pid, signal.SIGINT))
+    time.sleep(0.5)
+    left = _alive(ranks)
+    return out, _error_line(out.output, "SIGINT received"), [
+        p for p, bad in (("exit code is not 130", out.code != 130),
+                         (f"left behind: {sorted(left)}", bool(left)),
+                         ("took over 5 s", not out.seconds < 5)) if bad]
+
+
+def case_rank_crash(tmp):
+    cmd = [sys.executable, "-m", "torchtitan_neuron.launch", "--nproc_per_node=2",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+           "tests/helpers/train_crashing_rank.py", "--module", LLAMA, "--config", DEBUG,
+           *FAST, "--training.steps", "10", f"--dump_folder={tmp}"]
+    env = _env(CRASH_RANK="1", CRASH_AT_STEP="3")
+    out, ranks = _watch(cmd, env, "step:  2")
+    first = _error_line(out.output, "failed first")
+    errors = [l for l in out.output.splitlines() if "Error" in l or "failed first" in l]
+    return out, first, [
+        p for p, bad in (("exit code is 0", out.code == 0),
+                         ("root cause not named", "injected failure on rank 1" not in first),
+                         ("root cause not the first error printed",
+                          not errors or "failed first" not in errors[0]),
+                         ("others took over 30 s to stop", not out.seconds < 30),
+                         (f"left behind: {sorted(_alive(ranks))}", bool(_alive(ranks))))
+        if bad]
+
+
+CASES = {
+    "short-module": case_short_module,
+    "import-error": case_import_error,
+    "compile-mode": case_compile_mode,
+    "missing-tokenizer": case_missing_tokenizer,
+    "gated-download": case_gated_download,
+    "c4-offline": case_c4_offline,
+    "bad-json-line": case_bad_json_line,
+    "missing-text-field": case_missing_text_field,
+    "seq-len-vs-tp": case_seq_len_tp,
+    "global-batch": case_global_batch,
+    "tp-vs-ngpu": case_tp_ngpu,
+    "cpu-oversubscribed": case_cpu_oversubscribed,
+    "ctrl-c": case_ctrl_c,
+    "rank-crash": case_rank_crash,
+}
+LIMIT_S = 60  # a refusal must come within this long (imports included)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cases", nargs="*", metavar="CASE",
+                        help=f"any of: {', '.join(CASES)} (default: all)")
+    names = parser.parse_args().cases or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    failed = 0
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            out, message, problems = CASES[name](Path(tmp))
+        if TOKEN in out.output:
+            problems.append("the token was printed")
+        if not message:
+            problems.append("expected message not seen")
+        if name not in ("ctrl-c", "rank-crash", "cpu-oversubscribed") and out.seconds > LIMIT_S:
+            problems.append(f"took over {LIMIT_S} s")
+        status = "ok  " if not problems else "FAIL"
+        failed += bool(problems)
+        print(f"{status} {name:<19} exit {out.code:>3}  {out.seconds:6.1f}s  "
+              f"{message[:220]}" + (f"  [{'; '.join(problems)}]" if problems else ""),
+              flush=True)
+        if problems:
+            print("    " + "\n    ".join(out.output.splitlines()[-15:]), flush=True)
+    print(f"{len(names) - failed}/{len(names)} cases as expected", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Every way a launch can go wrong gets a clear message, before any rank starts.
+
+Proves, on the preflight checks ``run_train.sh`` runs (torchtitan_neuron.preflight):
+a short MODULE names the fully qualified module that has the recipe; a recipe
+module that fails to import shows its real error and where; NGPU above the
+NeuronCores/GPUs present is refused naming both numbers, and on CPU more
+ranks than cores gives a one-line note; layout arithmetic that cannot work
+(TP not dividing NGPU, a sequence length TP does not divide, a global batch
+that is not a multiple of local batch x data-parallel degree) is refused with
+the numbers and a fix; a missing tokenizer folder, ``c4`` with no network and
+a dataset file with a bad JSON line or no ``text`` field are named (file and
+line), and a token in the environment never appears in a message. Through
+the launcher as a user runs it: one message, exit 2, no rank started.
+Checkpoints are written under ``.partial-N`` and renamed when complete.
+
+Run: .venv/bin/python -m pytest tests/test_errors.py -q
+"""
+
+import json
+import sys
+import time
+
+import pytest
+
+from torchtitan.config import ConfigManager
+
+from torchtitan_neuron import checkpoint as ckpt
+from torchtitan_neuron import preflight
+from torchtitan_neuron.preflight import PreflightError
+
+from conftest import FAST
+
+LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
+DEBUG = "simple_fsdp_llama3_debugmodel"
+
+
+def _config(*overrides):
+    return ConfigManager().parse_args(["--module", LLAMA, "--config", DEBUG, *overrides])
+
+
+def _message(fn, *args) -> str:
+    with pytest.raises(PreflightError) as exc:
+        fn(*args)
+    return str(exc.value)
+
+
+def test_short_module_names_the_fully_qualified_one():
+    msg = _message(preflight.check_recipe, "llama3", DEBUG)
+    assert f"set MODULE={LLAMA}" in msg
+    msg = _message(preflight.check_recipe, "llama3", "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16")
+    assert "MODULE=torchtitan_neuron.experiments.graph_trainer.deepseek_v3" in msg
+    # A typo is answered with the close names in the module.
+    msg = _message(preflight.check_recipe, LLAMA, "simple_fsdp_llama3_debugmodl")
+    assert "Did you mean simple_fsdp_llama3_debugmodel" in msg
+
+
+def test_recipe_module_import_error_is_shown(tmp_path, monkeypatch):
+    package = tmp_path / "broken_recipes"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config_registry.py").write_text("import not_a_real_package\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    msg = _message(preflight.check_recipe, "broken_recipes", "my_recipe")
+    assert "broken_recipes.config_registry failed to import" in msg
+    assert "No module named 'not_a_real_package'" in msg
+    assert "config_registry.py:1" in msg
+    # A module that does not exist at all is not an import error of its own.
+    msg = _message(preflight.check_recipe, "no_such_module_here", "my_recipe")
+    assert "MODULE=no_such_module_here cannot be imported" in msg
+
+
+def test_ngpu_above_devices_is_refused_and_cpu_oversubscription_noted():
+    msg = _message(preflight.check_ngpu, 64, "neuron", 32)
+    assert "NGPU=64" in msg and "32 NeuronCores" in msg and "neuron-ls" in msg
+    msg = _message(preflight.check_ngpu, 8, "cuda", 4)
+    assert "NGPU=8" in msg and "4 GPUs" in msg
+    assert preflight.check_ngpu(32, "neuron", 32) is None
+    note = preflight.check_ngpu(3, "cpu", None, 2)
+    assert "NGPU=3 CPU ranks on 2 cores" in note and "oversubscribed" in note
+    assert preflight.check_ngpu(2, "cpu", None, 2) is None
+
+
+def test_layout_arithmetic_is_refused_with_the_numbers():
+    msg = _message(preflight.check_layout, _config("--parallelism.tensor_parallel_degree", "4"), 6)
+    assert "NGPU=6" in msg and "--parallelism.tensor_parallel_degree 4" in msg
+    msg = _message(preflight.check_layout, _config(
+        "--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "250"), 4)
+    assert "--training.seq_len 250 is not divisible by 4" in msg
+    assert "--training.seq_len 252" in msg
+    msg = _message(preflight.check_layout, _config(
+        "--training.global_batch_size", "10", "--training.local_batch_size", "4"), 2)
+    assert "--training.global_batch_size 10" in msg and "4 x data-parallel degree 2 = 8" in msg
+    assert "--training.global_batch_size 8 or 16" in msg
+    msg = _message(preflight.check_layout, _config(
+        "--parallelism.data_parallel_shard_degree", "3"), 4)
+    assert "= 3 ranks, but NGPU=4" in msg
+    layout = preflight.check_layout(_config(
+        "--parallelism.tensor_parallel_degree", "4", "--training.global_batch_size", "64"), 64)
+    assert layout == {"tp": 4, "dp_shard": 16, "dp": 16}
+
+
+def test_missing_tokenizer_is_named_with_the_fix(tmp_path):
+    msg = _message(preflight.check_tokenizer, _config(f"--hf_assets_path={tmp_path / 'gone'}"))
+    assert "no such folder" in msg and "scripts/download_hf_assets.py" in msg
+    msg = _message(preflight.check_tokenizer, _config(f"--hf_assets_path={tmp_path}"))
+    assert "has no tokenizer.json" in msg
+
+
+def test_c4_without_network_names_the_flags(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETtoken123")
+    from huggingface_hub import HfApi
+
+    def unreachable(self, repo_id, **kwargs):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(HfApi, "dataset_info", unreachable)
+    msg = _message(preflight.check_dataset, _config("--dataloader.dataset", "c4"))
+    assert "allenai/c4" in msg and "cannot be reached" in msg
+    assert "--dataloader.dataset c4_test" in msg and "--dataloader.dataset_path" in msg
+    assert "hf_SECRETtoken123" not in msg
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE" in _message(
+        preflight.check_dataset, _config("--dataloader.dataset", "c4"))
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('{"text": "cut off', "data.json:3: not valid JSON"),
+    ('{"body": "no text field"}', "data.json:3: no \"text\" string field (found ['body'])"),
+])
+def test_corrupt_dataset_line_is_named(tmp_path, line, expected):
+    good = json.dumps({"text": "A document."})
+    (tmp_path / "data.json").write_text(f"{good}\n{good}\n{line}\n{good}\n")
+    config = _config("--dataloader.dataset", "c4_test",
+                     f"--dataloader.dataset_path={tmp_path}")
+    assert expected in _message(preflight.check_dataset, config)
+
+
+def test_bundled_data_and_tokenizer_pass():
+    config = _config(*FAST)
+    preflight.check_tokenizer(config)
+    preflight.check_dataset(config)
+    assert preflight.check_layout(config, 2) == {"tp": 1, "dp_shard": 2, "dp": 2}
+
+
+def test_launcher_refuses_before_any_rank(run, dump_folder):
+    start = time.monotonic()
+    result = run(FAST[:3], ngpu=4, module="llama3",
+                 dump_folder=dump_folder)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    assert result.output.count(f"set MODULE={LLAMA}") == 1
+    assert "torch.distributed.run" not in result.output and "[rank" not in result.output
+    assert elapsed < 60
+
+
+def test_saves_are_renamed_when_complete(tmp_path):
+    """A fake DCP writer: the files appear under .partial-N while it writes;
+    step-N appears only once it has returned; an interrupted save leaves no
+    step-N."""
+
+    class Checkpointer:
+        enable, folder = True, str(tmp_path)
+
+        def dcp_save(self, state_dict, checkpoint_id, async_mode, **kwargs):
+            assert checkpoint_id.endswith(".partial-5")
+            (tmp_path / ".partial-5").mkdir()
+            (tmp_path / ".partial-5" / "__0_0.distcp").write_text("shard")
+            if state_dict.get("interrupt"):
+                raise KeyboardInterrupt
+            (tmp_path / ".partial-5" / ".metadata").write_text("done")
+
+    checkpointer = Checkpointer()
+    assert ckpt.make_saves_atomic(checkpointer)
+    with pytest.raises(KeyboardInterrupt):
+        checkpointer.dcp_save({"interrupt": True}, str(tmp_path / "step-5"), None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-5"]
+    assert ckpt.report_leftovers(str(tmp_path)) == [".partial-5"]
+    checkpointer.dcp_save({}, str(tmp_path / "step-5"), None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
+    assert (tmp_path / "step-5" / ".metadata").read_text() == "done"
+
+
+def test_async_saves_are_renamed_when_the_upload_completes(tmp_path):
+    from concurrent.futures import Future
+
+    upload = Future()
+
+    class Checkpointer:
+        enable, folder = True, str(tmp_path)
+
+        def dcp_save(self, state_dict, checkpoint_id, async_mode, **kwargs):
+            (tmp_path / ".partial-7").mkdir()
+            return upload
+
+    checkpointer = Checkpointer()
+    ckpt.make_saves_atomic(checkpointer)
+    assert checkpointer.dcp_save({}, str(tmp_path / "step-7"), "async") is upload
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-7"]
+    (tmp_path / ".partial-7" / ".metadata").write_text("done")
+    upload.set_result(None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-7"]
