@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test check-errors bench-plan clean
+.PHONY: install train test check-errors bench-cache bench-plan clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,6 +32,10 @@ test: install
 # one line per case with the message seen and the time to exit (~5 minutes).
 check-errors: install
 	$(PY) scripts/check_errors.py
+
+# First step with a cold and a warm compile cache (about 3 minutes).
+bench-cache: install
+	$(PY) scripts/bench_compile_cache.py
 
 # Planned vs measured peak tensor memory on CPU ranks (about 30 minutes);
 # writes docs/plan_accuracy.md. Not part of `make test`.

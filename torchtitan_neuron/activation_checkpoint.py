@@ -19,6 +19,10 @@ resharding after forward is expressed as recomputation:
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+
+import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
@@ -64,3 +68,74 @@ def apply_activation_checkpointing(model: nn.Module, ac_config, dump_folder: str
         logger.info("Activation checkpointing: none (parameter gathers still recomputed)")
         return
     ac_config.build(dump_folder=dump_folder).apply(model)
+    hash_selective_policies(model, ac_config)
+
+
+def _closure_values(fn) -> dict:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    return dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code else {}
+
+
+def _describe(value) -> str:
+    """A stable text for what a selective policy closes over (op sets, shapes)."""
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return "[" + ",".join(sorted(_describe(v) for v in value)) + "]"
+    if callable(value) and hasattr(value, "__code__"):
+        inner = _closure_values(value)
+        return value.__qualname__ + "{" + ",".join(
+            f"{k}={_describe(v)}" for k, v in sorted(inner.items())) + "}"
+    return str(value)
+
+
+def named_context_fn(fn, cache_hash: str):
+    """A module-level function calling ``fn``, with ``cache_hash`` set.
+
+    torch's cache-key pickler stores functions by qualified name, and
+    torchtitan's ``context_fn`` is a local lambda, which cannot be pickled;
+    Dynamo only accepts a plain function here. So each distinct policy gets
+    a function registered in this module under a name made from its hash.
+    Policies with equal hashes are the same policy, and share it.
+    """
+    name = f"_selective_ac_context_{cache_hash[:20]}"
+    existing = globals().get(name)
+    if existing is not None:
+        return existing
+
+    def context_fn():
+        return fn()
+
+    context_fn.__name__ = context_fn.__qualname__ = name
+    context_fn.cache_hash = cache_hash
+    globals()[name] = context_fn
+    return context_fn
+
+
+def hash_selective_policies(model: nn.Module, ac_config) -> int:
+    """Give each selective-AC ``context_fn`` the ``cache_hash`` torch's
+    AOTAutograd cache asks for (``named_context_fn``).
+
+    Without it, torch 2.14 bypasses the AOTAutograd cache for any graph with
+    a selective-checkpoint region ("SAC context_fn does not have a
+    cache_hash attribute"), so a second identical run compiled the model
+    graph again from scratch. The hash covers what decides the policy: the
+    source of torchtitan's AC module, the AC config, and the op set and
+    matmul shapes each policy closes over. Returns the number hashed.
+    """
+    from torchtitan.distributed import activation_checkpoint as upstream
+
+    base = hashlib.sha256()
+    base.update(inspect.getsource(upstream).encode())
+    base.update(repr(ac_config).encode())
+    base.update(torch.__version__.encode())
+    hashed = 0
+    for module in model.modules():
+        checkpoint_fn = getattr(module, "checkpoint_fn", None)
+        context_fn = getattr(checkpoint_fn, "keywords", {}).get("context_fn")
+        if context_fn is None or hasattr(context_fn, "cache_hash"):
+            continue
+        digest = base.copy()
+        digest.update(_describe(context_fn).encode())
+        checkpoint_fn.keywords["context_fn"] = named_context_fn(context_fn, digest.hexdigest())
+        hashed += 1
+    return hashed

@@ -1,0 +1,55 @@
+"""The on-disk compile cache serves a second identical run.
+
+Proves: with torchtitan's selective AC (the default recipes' policy), a model
+compiled with inductor is saved to the AOTAutograd cache on the first run and
+loaded from it by a second process with the same TORCHINDUCTOR_CACHE_DIR,
+instead of being bypassed ("SAC context_fn does not have a cache_hash"); and
+equal policies share one named, picklable context function. The first-step
+times of a real `make train` run, cold and warm, are in the README
+(scripts/bench_compile_cache.py).
+
+Run: .venv/bin/python -m pytest tests/test_compile_cache.py -q
+"""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+from conftest import REPO
+
+
+def _counters(cache_dir) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "tests/helpers/compile_sac_block.py"], cwd=REPO,
+        env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_run_loads_the_compiled_selective_ac_graph(tmp_path):
+    cold = _counters(tmp_path)
+    assert cold.get("autograd_cache_saved") == 1 and "autograd_cache_bypass" not in cold, cold
+    warm = _counters(tmp_path)
+    assert warm.get("autograd_cache_hit") == 1 and "autograd_cache_miss" not in warm, warm
+
+
+def test_equal_policies_share_one_picklable_context_fn():
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
+    from compile_sac_block import Model
+
+    from torchtitan_neuron.activation_checkpoint import apply_activation_checkpointing
+
+    fns = []
+    for _ in range(2):
+        model = Model()
+        apply_activation_checkpointing(model, SelectiveAC.Config(), dump_folder="")
+        fns += [block.checkpoint_fn.keywords["context_fn"] for block in model.layers.values()]
+    assert len({id(fn) for fn in fns}) == 1
+    assert len(fns[0].cache_hash) == 64
+    assert pickle.loads(pickle.dumps(fns[0])) is fns[0]
