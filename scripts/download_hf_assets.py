@@ -110,6 +110,23 @@ def _fetch(downloader, repo_id, filename, target, token, optional):
             f"{type(exc).__name__}: {detail}") from None
 
 
+def _probe_hub(repo_id, target):
+    """Fail at once when the Hub cannot be reached: hf_hub_download retries
+    a failed connection five times with backoff (about 25 s) first."""
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().repo_info(repo_id, timeout=10, token=False)
+    except NETWORK_ERRORS:
+        raise AssetDownloadError(
+            f"Could not reach the Hugging Face Hub to download from '{repo_id}'. "
+            "Check the network or proxy settings, or download the files on "
+            "another machine and copy them by hand into "
+            f"{os.path.abspath(target)}/") from None
+    except Exception:
+        pass  # reachable; gating and missing files are reported per file
+
+
 def download_hf_assets(repo_id, assets, local_dir="./assets/hf", hf_token=None,
                        downloader=hf_hub_download):
     """Download the given asset kinds of repo_id into <local_dir>/<repo name>/.
@@ -126,6 +143,8 @@ def download_hf_assets(repo_id, assets, local_dir="./assets/hf", hf_token=None,
     # None lets huggingface_hub fall back to the saved login.
     token = hf_token or os.environ.get("HF_TOKEN") or None
     target = target_dir(repo_id, local_dir)
+    if downloader is hf_hub_download:
+        _probe_hub(repo_id, target)
     os.makedirs(target, exist_ok=True)
     paths = []
 
