@@ -199,3 +199,16 @@ def test_async_saves_are_renamed_when_the_upload_completes(tmp_path):
     (tmp_path / ".partial-7" / ".metadata").write_text("done")
     upload.set_result(None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-7"]
+
+
+def test_neuron_cores_are_counted_through_torch_accelerator(monkeypatch):
+    """With torch-neuronx present (a stand-in here), the count is what
+    torch.accelerator reports for the registered neuron device."""
+    import types
+
+    import torch
+
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 64)
+    assert preflight.device_count("neuron") == 64
+    assert preflight.device_count("cpu") is None

@@ -142,12 +142,18 @@ def device_count(platform_name: str) -> int | None:
     if platform_name == "cuda":
         return torch.cuda.device_count()
     if platform_name == "neuron":
+        # TorchNeuron registers ``neuron`` as a PrivateUse1 device, which
+        # torch.accelerator reports; torch.neuron is its device module.
         try:
             import torch_neuronx  # noqa: F401  (registers the neuron device)
-
-            return int(torch.neuron.device_count())
         except Exception:
             return None
+        for count in (lambda: torch.accelerator.device_count(),
+                      lambda: torch.neuron.device_count()):
+            try:
+                return int(count())
+            except Exception:
+                continue
     return None
 
 
