@@ -61,7 +61,12 @@ def test_ac_modes_ordered_by_measured_peak_memory(ac_runs):
     first_losses = {m: r.steps[0].loss for m, r in ac_runs.items()}
     print("steady-state peak GiB per rank:", peaks)
     assert "Applied FullAC activation checkpointing" in ac_runs["full"].output
-    assert peaks["full"] < peaks["selective"] < peaks["none"], peaks
+    # The step line's figure is resident memory at 10 MiB resolution, with
+    # the allocator's cached blocks: full and selective can tie there. The
+    # tensor peak measured on the same step orders all three strictly.
+    assert peaks["full"] <= peaks["selective"] < peaks["none"], peaks
+    tensors = {m: float(_MEASURED.search(r.output)[1]) for m, r in ac_runs.items()}
+    assert tensors["full"] < tensors["selective"] < tensors["none"], tensors
     # Recomputation changes memory, not the model.
     assert max(first_losses.values()) - min(first_losses.values()) < 1e-3, first_losses
 
