@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test check-errors bench-cache bench-plan clean
+.PHONY: install train test check-errors bench-cache bench-plan bench-documents clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -41,6 +41,11 @@ bench-cache: install
 # writes docs/plan_accuracy.md. Not part of `make test`.
 bench-plan: install
 	$(PY) scripts/bench_plan.py
+
+# Step time and peak memory of block_causal against causal attention on the
+# tiny Llama and DeepSeek recipes (about 4 minutes).
+bench-documents: install
+	$(PY) scripts/bench_documents.py
 
 clean:
 	rm -rf outputs .pytest_cache

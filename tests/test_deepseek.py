@@ -2,7 +2,8 @@
 
 Proves: the SimpleFSDP DeepSeek debug recipe trains on 4 CPU ranks as
 TP2 x FSDP2 through run_train.sh (finite, falling loss) with the same per-step
-losses as 1 rank over 3 steps (fp32, same seed and data, within 1e-4), prints
+losses as 1 rank over 3 steps (fp32, same seed and data, within 1e-4; both
+with block-causal attention, so documents stay isolated through MLA), prints
 the expert load imbalance each step, and its expert biases move between
 steps; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
 as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
@@ -40,7 +41,7 @@ def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp
          "--out", str(tmp_path),
          "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
          "--b", f"NGPU=4 {recipe}",
-         "--", "--training.global_batch_size", "4"],
+         "--", "--training.global_batch_size", "4", "--model.attn_mask_type", "block_causal"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=1200,
     )
@@ -51,6 +52,7 @@ def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp
     result = RunResult(0, (tmp_path / "b.log").read_text())
     _finite_and_falling(result, 3)
     assert "tp=2" in result.output and "dp_shard=2" in result.output
+    assert "cross a document boundary" not in result.output  # block_causal is on
     balance = [(int(s), float(i), float(b)) for s, i, b in _BALANCE.findall(result.output)]
     assert [s for s, _, _ in balance] == list(range(1, 4))
     assert all(i >= 1.0 for _, i, _ in balance)

@@ -4,7 +4,8 @@ Proves: a 2-rank run of the SimpleFSDP Llama recipe trains (finite, falling
 loss, a real memory figure); the compiled forward graph holds the FSDP
 all-gathers, the backward graph the reduce-scatters and the recomputed
 all-gathers (reshard after forward), and gradient clipping is its own compiled
-graph with the norm's all-reduce. TP layouts and gradient accumulation are
+graph with the norm's all-reduce; with packed documents under causal attention
+the run says which share of attention pairs crosses a document boundary. TP layouts and gradient accumulation are
 trained in test_correctness.py and test_deepseek.py, the full-AC recipe in
 test_memory.py.
 
@@ -13,6 +14,7 @@ Run: .venv/bin/python -m pytest tests/test_training.py -q
 
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -58,6 +60,10 @@ def test_two_rank_run_trains_and_graphs_hold_fsdp_collectives(tmp_path):
     _assert_trains(result, 6)
     assert result.output.count("compile.mode='jit' is deprecated") == 1
     assert "Per-rank sharded state" in result.output
+    # Packed documents under causal attention: the start-up notice.
+    notice = re.search(r"(\d+\.\d)% of the attention pairs in the first batch cross a "
+                       r"document boundary\. --model\.attn_mask_type block_causal", result.output)
+    assert notice and 0 < float(notice[1]) < 100, result.output[-4000:]
 
     forward, backward = _graph_ops(capture_dir, "fw"), _graph_ops(capture_dir, "bw")
     model_fw = max(forward, key=lambda c: c[ALL_GATHER])

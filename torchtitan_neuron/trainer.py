@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,14 @@ from torchtitan_neuron.memory import (
     instrument,
     sharded_state_bytes,
     state_bytes,
+)
+from torchtitan_neuron.models.documents import (
+    ModelOptions,
+    apply_model_options,
+    block_causal_mask,
+    cross_document_share,
+    document_positions,
+    document_starts,
 )
 from torchtitan_neuron.models.moe import expert_balance_stats
 
@@ -129,6 +137,18 @@ class _NeuronTrainerMixin:
     def __init__(self, config):
         platform.install()
         resolve_compile_backend(config.compile)
+        options = config.model
+        if options.reset_positions_per_document and platform.current().name == "neuron":
+            raise ValueError(
+                "--model.reset_positions_per_document needs the rotary gather, "
+                "which Neuron does not support. Drop the flag on Neuron "
+                "(block_causal masking works without it)."
+            )
+        apply_model_options(
+            config.model_spec.model, options,
+            cp_degree=config.parallelism.context_parallel_degree,
+        )
+        self._documents_noted = False
         seed = config.debug.seed
         with layout_invariant_init(seed):
             super().__init__(config)
@@ -155,6 +175,40 @@ class _NeuronTrainerMixin:
         if self._measure_step > 0:
             self._tracker = StorageTracker()
             instrument(self, self._tracker)
+
+    def post_dataloading_process(self, input_dict, labels):
+        inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
+        options = self.config.model
+        block = options.attn_mask_type == "block_causal"
+        if not (block or options.reset_positions_per_document or not self._documents_noted):
+            return inputs, labels, extra_kwargs
+        starts = document_starts(
+            inputs, getattr(self.tokenizer, "bos_id", None),
+            getattr(self.tokenizer, "eos_id", None),
+        )
+        if not self._documents_noted:
+            self._documents_noted = True
+            if block:
+                docs = int(starts.sum())
+                logger.info(
+                    f"Block-causal attention: {docs} documents in the first batch "
+                    f"(mean {starts.numel() / docs:.0f} tokens); no attention "
+                    "crosses a document boundary."
+                )
+            elif not getattr(self, "_planning", False):
+                share = cross_document_share(starts)
+                if share > 0:
+                    logger.info(
+                        f"Packed documents under causal attention: {share:.1%} of "
+                        "the attention pairs in the first batch cross a document "
+                        "boundary. --model.attn_mask_type block_causal keeps each "
+                        "document to itself."
+                    )
+        if block:
+            extra_kwargs["attention_masks"] = block_causal_mask(starts)
+        if options.reset_positions_per_document:
+            extra_kwargs["positions"] = document_positions(starts)
+        return inputs, labels, extra_kwargs
 
     def forward_backward_step(self, **kwargs) -> torch.Tensor:
         loss = super().forward_backward_step(**kwargs)
@@ -257,7 +311,7 @@ class NeuronTrainer(_NeuronTrainerMixin, Trainer):
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        pass
+        model: ModelOptions = field(default_factory=ModelOptions)
 
 
 class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
@@ -265,6 +319,8 @@ class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
 
     @dataclass(kw_only=True, slots=True)
     class Config(GraphTrainer.Config):
+        model: ModelOptions = field(default_factory=ModelOptions)
+
         def __post_init__(self):
             # zero-argument super() does not work in slots dataclasses.
             GraphTrainer.Config.__post_init__(self)

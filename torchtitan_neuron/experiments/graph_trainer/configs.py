@@ -30,6 +30,15 @@ def neuron_simple_fsdp(
 ) -> NeuronGraphTrainer.Config:
     """Convert ``base`` to a SimpleFSDP GraphTrainer recipe in jit mode."""
     compile_config: CompileConfig = base.compile
+    # A Neuron plain recipe carries this project's ``model`` options, which
+    # upstream's converter does not know: convert the Trainer fields, then
+    # carry the options over.
+    options = getattr(base, "model", None)
+    trainer_fields = {f.name for f in fields(Trainer.Config)}
+    if options is not None:
+        base = Trainer.Config(
+            **{f.name: getattr(base, f.name) for f in fields(base) if f.name in trainer_fields}
+        )
     graph_config = to_graph_trainer_config(base, model_registry)
     # to_graph_trainer_config replaces any AC with SelectiveAC because upstream
     # applies graph-level policies only in aot_fx_trace; in jit mode this
@@ -43,6 +52,9 @@ def neuron_simple_fsdp(
         backend=compile_config.backend,
         mode="jit",
     )
-    return NeuronGraphTrainer.Config(
+    config = NeuronGraphTrainer.Config(
         **{f.name: getattr(graph_config, f.name) for f in fields(graph_config)}
     )
+    if options is not None:
+        config.model = options
+    return config
