@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) .*step:\s+(\d+)\s+loss:\s+(\S+)")
 _PEAK = re.compile(r"measured_peak_gib=([\d.]+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 RECIPES = [
     ("llama3 debug, FSDP2", "torchtitan_neuron.experiments.graph_trainer.llama3",
@@ -46,13 +47,14 @@ def run(module: str, config: str, ngpu: int, mask: str, steps: int,
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{config} {mask} failed:\n{proc.stdout[-3000:]}")
+    output = _ANSI.sub("", proc.stdout)
     stamps, losses = {}, {}
-    for match in _STAMP.finditer(proc.stdout):
+    for match in _STAMP.finditer(output):
         step = int(match[2])
         stamps[step] = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f")
         losses[step] = float(match[3])
     times = [(stamps[s] - stamps[s - 1]).total_seconds() for s in range(3, steps + 1)]
-    peak = _PEAK.search(proc.stdout)
+    peak = _PEAK.search(output)
     return {"step_s": statistics.median(times), "peak_gib": float(peak[1]),
             "loss": losses[steps]}
 
