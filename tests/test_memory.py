@@ -7,7 +7,7 @@ a rank holds (parameters, gradients, optimizer state, summed from the live
 local shards) halves from 1 to 2 ranks; and the planner's peak for each AC
 mode is within 10% of the peak tensor memory measured on the real tensors of
 the same step (TORCHTITAN_NEURON_MEASURE_MEMORY_STEP), and orders the modes
-the same way.
+the same way; with three gradient-accumulation micro-batches per step too.
 
 Run: .venv/bin/python -m pytest tests/test_memory.py -q
 """
@@ -30,6 +30,7 @@ _STATE = re.compile(
 )
 _MEASURED = re.compile(r"measured_peak_gib=([\d.]+)")
 _CONFIG = "simple_fsdp_llama3_debugmodel"
+_ACCUMULATE = ["--training.global_batch_size", "6"]  # 1 rank x batch 2 x 3
 
 
 def _mode_args(mode: str) -> tuple[str, list[str]]:
@@ -78,23 +79,39 @@ def _sharded_state(output: str) -> tuple[float, float, float]:
 
 
 def test_sharded_state_halves_from_one_to_two_ranks(ac_runs, tmp_path):
-    one = run_train(["--training.steps", "1", *FAST], ngpu=1, dump_folder=tmp_path)
+    # One rank, three accumulation micro-batches per step, step 2 measured:
+    # also the planner's accumulation case (below).
+    one = run_train(["--training.steps", "2", *FAST, *_ACCUMULATE], ngpu=1,
+                    dump_folder=tmp_path, env={"TORCHTITAN_NEURON_MEASURE_MEMORY_STEP": "2"})
     assert one.returncode == 0, one.output[-4000:]
+    assert "grad_accum: 3" in one.output
     state = {1: _sharded_state(one.output), 2: _sharded_state(ac_runs["selective"].output)}
     print("sharded state MiB (params, grads, optimizer):", state)
     for one_, two in zip(state[1], state[2]):
         assert two == pytest.approx(one_ / 2, rel=0.02)
 
+    # The planner runs two of the three micro-batches (the third repeats the
+    # second's tensor lifetimes); the real run measured all three.
+    plan = _run_plan(["--ngpu=1", *FAST, *_ACCUMULATE], _CONFIG)
+    measured = float(_MEASURED.search(one.output)[1])
+    print("accumulation: planned", plan["peak_gib"], "measured", measured)
+    assert plan["layout"]["grad_accum"] == 3
+    assert plan["peak_gib"] == pytest.approx(measured, rel=0.10)
 
-def _plan(mode: str) -> dict:
-    config, ac = _mode_args(mode)
+
+def _run_plan(args: list[str], config: str) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "torchtitan_neuron.plan", "--module", LLAMA_MODULE,
-         "--config", config, "--ngpu=2", "--target=cpu", "--json", *BIG, *ac],
+         "--config", config, "--target=cpu", "--json", *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
+
+
+def _plan(mode: str) -> dict:
+    config, ac = _mode_args(mode)
+    return _run_plan(["--ngpu=2", *BIG, *ac], config)
 
 
 def test_planner_matches_measured_tensor_memory(ac_runs):
@@ -104,3 +121,4 @@ def test_planner_matches_measured_tensor_memory(ac_runs):
     for mode in MODES:
         assert planned[mode] == pytest.approx(measured[mode], rel=0.10), mode
     assert planned["full"] < planned["selective"] < planned["none"], planned
+

@@ -348,18 +348,25 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     trainer._planning = True
     trainer.metrics_processor.should_log = lambda step: False
     instrument(trainer, tracker)
-    # Step 1 compiles and creates gradients and optimizer state.
+    # Step 1 compiles and creates gradients and optimizer state; one
+    # micro-batch does that. In step 2, micro-batches after the second repeat
+    # the second's tensor lifetimes (the same graphs, with the gradients of
+    # the earlier ones held), so two stand for any number.
+    accumulation = trainer.gradient_accumulation_steps
     with _fast_tracing():
         trainer.step = 1
+        trainer.gradient_accumulation_steps = 1
         trainer.train_step(data)
         state = state_bytes(trainer)
         trainer.step = 2
+        trainer.gradient_accumulation_steps = min(accumulation, 2)
         _ACTIVE_TRACKERS.append(tracker)
         try:
             with tracker:
                 trainer.train_step(data)
         finally:
             _ACTIVE_TRACKERS.remove(tracker)
+            trainer.gradient_accumulation_steps = accumulation
     persistent = sum(state.values())
     breakdown = {k: v / GIB for k, v in state.items()}
     categories = ("gathered_parameters", "saved_activations", "logits_and_loss", "temporaries")
