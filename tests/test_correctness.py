@@ -1,9 +1,10 @@
 """Sharding changes nothing but memory and speed: proved on real CPU-rank runs.
 
-Proves: with one ``--debug.seed``, SimpleFSDP TP2 (global batch reached by
-accumulation) matches torchtitan's eager FSDP2 Trainer on the same model
-within 1e-4 (scripts/loss_compare.py; initial weights and data do not depend
-on the layout), and the step line reports the accumulation; 10 uninterrupted
+Proves: with one ``--debug.seed``, SimpleFSDP TP2 with full AC (global batch
+reached by accumulation) matches torchtitan's eager FSDP2 Trainer on the same
+model within 1e-4 (scripts/loss_compare.py; initial weights and data do not
+depend on the layout), both with block-causal attention and per-document
+positions, and the step line reports the accumulation; 10 uninterrupted
 steps equal 5 steps, a Ctrl-C on the launcher (every rank gone within 5 s,
 exit code 130, no process left) and a resume to 10, bit for bit;
 the same checkpoint resumes on 1 rank (another data-parallel degree) within
@@ -54,17 +55,28 @@ def _max_rel_diff(output: str) -> float:
 
 
 def test_simple_fsdp_tp2_matches_torchtitan_eager_fsdp2_trainer(tmp_path):
+    # Both sides with block-causal attention and per-document positions: the
+    # mask and the rotary gather through SimpleFSDP jit, TP2 and full AC
+    # against the plain eager Trainer's FSDP2.
     rc, out = _loss_compare(
         tmp_path,
-        "NGPU=2 --parallelism.tensor_parallel_degree 2",
+        "NGPU=2 CONFIG=simple_fsdp_llama3_debugmodel_fullac "
+        "--parallelism.tensor_parallel_degree 2",
         "NGPU=2 MODULE=torchtitan_neuron.models.llama3 CONFIG=llama3_debugmodel_neuron",
         "--training.global_batch_size", "4",
+        "--model.attn_mask_type", "block_causal", "--model.reset_positions_per_document",
     )
     assert rc == 0, out
     assert _max_rel_diff(out) <= 1e-4
     a_log = (tmp_path / "a.log").read_text()
+    b_log = (tmp_path / "b.log").read_text()
     assert "tp=2" in a_log and "grad_accum: 2" in a_log
-    assert "Applied FSDP to the model" in (tmp_path / "b.log").read_text()
+    assert "Applied FullAC activation checkpointing" in a_log
+    assert "Applied FSDP to the model" in b_log
+    for log in (a_log, b_log):
+        # The attention module refuses to run without the mask.
+        assert "Block-causal attention:" in log
+        assert "cross a document boundary" not in log
 
 
 def _interrupt_after_first_save(args, dump_folder) -> RunResult:

@@ -12,14 +12,16 @@ torch.compile):
   rounding: rotary attention depends on relative positions only);
 - the startup notice's share of cross-document attention pairs.
 
-The end-to-end runs (SimpleFSDP jit with TP and both AC modes, DeepSeek) are
-in test_training.py.
+End to end, as a user runs them: SimpleFSDP jit at TP2 against torchtitan's
+eager FSDP2 Trainer, both block_causal with per-document positions, in
+test_correctness.py; the SimpleFSDP DeepSeek TP2 x FSDP2 comparison with one
+rank, block_causal, in test_deepseek.py; the causal start-up notice in
+test_training.py.
 
 Run: .venv/bin/python -m pytest tests/test_documents.py -q
 """
 
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -162,36 +164,3 @@ def test_options_validation():
                           BlockCausalAttention.Config)
     assert config.layers[0].attention.rope.use_prefix_cache_for_positions
 
-
-def test_simple_fsdp_block_causal_tp2_fullac_matches_one_rank(tmp_path):
-    """End to end, as a user runs it: the SimpleFSDP Llama recipe with
-    block_causal trains at TP2 (full AC, per-document positions) with the same
-    per-step losses and gradient norms as one rank (selective AC). (The
-    causal run's notice is checked in test_training.py.)"""
-    import re
-    import subprocess
-    import sys
-
-    from conftest import REPO, RunResult
-
-    mask = "--model.attn_mask_type block_causal"
-    proc = subprocess.run(
-        [sys.executable, "scripts/loss_compare.py", "--steps", "2", "--out", str(tmp_path),
-         "--a", f"NGPU=1 {mask}",
-         "--b", f"NGPU=2 CONFIG=simple_fsdp_llama3_debugmodel_fullac {mask} "
-                "--parallelism.tensor_parallel_degree 2 "
-                "--model.reset_positions_per_document"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert float(re.search(r"max_rel_diff=(\S+)", proc.stdout)[1]) <= 1e-4
-    a = RunResult(0, (tmp_path / "a.log").read_text())
-    b = RunResult(0, (tmp_path / "b.log").read_text())
-    assert "tp=2" in b.output
-    for result in (a, b):
-        assert "cross a document boundary" not in result.output
-        assert all(math.isfinite(s.loss) for s in result.steps)
-        # Block-causal attention raises without the mask: every layer got it.
-        assert "Block-causal attention:" in result.output
-    for x, y in zip(a.steps, b.steps):
-        assert abs(x.grad_norm - y.grad_norm) <= 2e-4 * x.grad_norm
