@@ -8,6 +8,16 @@
 #   COMM_MODE plan: print the memory plan for one of NGPU ranks instead of
 #             training (python -m torchtitan_neuron.plan; add --target, --sweep)
 #
+# Several nodes (run the same command on each; NGPU is ranks per node):
+#   NNODES        number of nodes; default 1 (everything below is then unused)
+#   RDZV_ENDPOINT host:port of torchrun's c10d rendezvous, the same on every
+#                 node; or MASTER_ADDR and MASTER_PORT (default 29500)
+#   NODE_RANK     this node's index, 0..NNODES-1 (names its log folder)
+#   RDZV_ID       job id shared by the nodes; default torchtitan_neuron
+#   RDZV_TIMEOUT  seconds to wait for every node to join; default 600
+#   LOG_DIR       where each rank's stdout/stderr files go; default
+#                 ./outputs/logs/node<NODE_RANK>
+#
 # Every other argument passes straight through to torchtitan's trainer, e.g.
 #   NGPU=2 CONFIG=simple_fsdp_llama3_debugmodel_fullac ./run_train.sh --training.steps 10
 set -euo pipefail
@@ -28,6 +38,31 @@ if [ "${COMM_MODE:-}" = "plan" ]; then
     exec "$PYTHON" -m torchtitan_neuron.plan --module "$MODULE" --config "$CONFIG" --ngpu "$NGPU" "$@"
 fi
 
+export NNODES=${NNODES:-1}
+if [ "$NNODES" = 1 ]; then
+    RDZV=(--rdzv_backend c10d --rdzv_endpoint="localhost:0")
+else
+    ENDPOINT=${RDZV_ENDPOINT:-}
+    if [ -z "$ENDPOINT" ] && [ -n "${MASTER_ADDR:-}" ]; then
+        ENDPOINT="$MASTER_ADDR:${MASTER_PORT:-29500}"
+    fi
+    if [ -z "$ENDPOINT" ]; then
+        echo "Error: NNODES=$NNODES needs the rendezvous endpoint: set RDZV_ENDPOINT=host:port" \
+             "(or MASTER_ADDR and MASTER_PORT) to the same address on every node," \
+             "e.g. the first node's hostname and a free port." >&2
+        exit 2
+    fi
+    NODE_RANK=${NODE_RANK:-0}
+    LOG_DIR=${LOG_DIR:-./outputs/logs/node$NODE_RANK}
+    RDZV=(--nnodes="$NNODES" --node_rank="$NODE_RANK"
+          --rdzv_backend c10d --rdzv_endpoint="$ENDPOINT"
+          --rdzv_id="${RDZV_ID:-torchtitan_neuron}"
+          --rdzv_conf "join_timeout=${RDZV_TIMEOUT:-600}"
+          --log-dir "$LOG_DIR")
+    echo "torchtitan_neuron: node $NODE_RANK of $NNODES, $NGPU ranks, rendezvous at" \
+         "$ENDPOINT; rank logs in $LOG_DIR" >&2
+fi
+
 # Validate the config in one process first: errors show once, before any rank.
 for arg in "$@"; do
     case "$arg" in -h|--help)
@@ -39,7 +74,6 @@ done
 # torchrun (in torchtitan_neuron.launch) forwards SIGINT/SIGTERM to every rank;
 # exec so Ctrl-C reaches it directly.
 exec "$PYTHON" -m torchtitan_neuron.launch \
-    --nproc_per_node="$NGPU" \
-    --rdzv_backend c10d --rdzv_endpoint="localhost:0" \
+    --nproc_per_node="$NGPU" "${RDZV[@]}" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m torchtitan_neuron.train --module "$MODULE" --config "$CONFIG" "$@"

@@ -11,6 +11,9 @@ sees:
 - A rank fails: torchrun stops the others (SIGTERM) as soon as it sees the
   failure. This module prints the first failure (which rank, its exception
   and where it was raised) before torchrun's per-rank table, and exits 1.
+- Several nodes: when the nodes do not all join torchrun's c10d rendezvous
+  within ``join_timeout``, or the rendezvous endpoint cannot be reached, it
+  says which, with the endpoint and what to check, and exits 1.
 """
 
 import os
@@ -37,10 +40,33 @@ def root_cause(exc) -> str:
     return f"rank {rank} failed first: {text}{where}"
 
 
+def rendezvous_failure(args, exc) -> str:
+    """One line for a rendezvous that did not complete."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    conf = dict(kv.split("=", 1) for kv in (args.rdzv_conf or "").split(",") if "=" in kv)
+    timeout = conf.get("join_timeout", "600")
+    nodes = args.nnodes
+    where = f"the rendezvous at {args.rdzv_endpoint} (id {args.rdzv_id})"
+    if isinstance(exc, RendezvousTimeoutError):
+        return (
+            f"NNODES={nodes}, but not every node joined {where} within "
+            f"{timeout} s (RDZV_TIMEOUT). Start ./run_train.sh on each node with "
+            "the same NNODES, RDZV_ENDPOINT and RDZV_ID, or raise RDZV_TIMEOUT."
+        )
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"could not reach {where}: {reason}. Check that RDZV_ENDPOINT (or "
+        "MASTER_ADDR:MASTER_PORT) names the first node and a port open between "
+        "the nodes, and that the first node is running."
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     args = run.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -51,6 +77,11 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(128 + int(exc.sigval))
+    except RendezvousError as exc:
+        print(f"torchtitan_neuron.launch: {rendezvous_failure(args, exc)}",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     except ChildFailedError as exc:
         print(f"torchtitan_neuron.launch: {root_cause(exc)}\n{exc.format_msg()}",
               file=sys.stderr, flush=True)

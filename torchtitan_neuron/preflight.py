@@ -179,9 +179,12 @@ def check_ngpu(ngpu: int, platform_name: str, devices: int | None,
     return None
 
 
-def check_layout(config, ngpu: int) -> dict:
+def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
     """The parallel degrees, sequence length and batch sizes fit NGPU ranks.
-    Returns the resolved layout."""
+    Returns the resolved layout. ``ngpu`` is ranks per node; the layout
+    spans ``ngpu x nnodes``."""
+    world = ngpu * nnodes
+    who = f"NGPU={ngpu}" if nnodes == 1 else f"NGPU={ngpu} x NNODES={nnodes} = {world} ranks"
     p, t = config.parallelism, config.training
     fixed = {
         "--parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
@@ -198,23 +201,23 @@ def check_layout(config, ngpu: int) -> dict:
     named = " x ".join(f"{flag} {d}" for flag, d in fixed.items() if d > 1) or "1"
     dp_shard = p.data_parallel_shard_degree
     if dp_shard == -1 or dp_shard == 0:
-        if ngpu % product:
+        if world % product:
             raise PreflightError(
-                f"NGPU={ngpu} is not divisible by {named} = {product}: the "
+                f"{who} is not divisible by {named} = {product}: the "
                 "data-parallel shard degree (-1, the rest) would not be whole. "
                 f"Use NGPU a multiple of {product}, or degrees whose product "
-                f"divides {ngpu}."
+                f"divides {world}."
             )
-        dp_shard = ngpu // product
+        dp_shard = world // product
     elif dp_shard < 1:
         raise PreflightError(
             f"--parallelism.data_parallel_shard_degree {dp_shard}: use -1 (every "
             "rank the other degrees leave) or a degree of at least 1."
         )
-    elif product * dp_shard != ngpu:
+    elif product * dp_shard != world:
         raise PreflightError(
             f"{named} x --parallelism.data_parallel_shard_degree {dp_shard} = "
-            f"{product * dp_shard} ranks, but NGPU={ngpu}. Set "
+            f"{product * dp_shard} ranks, but {who}. Set "
             "--parallelism.data_parallel_shard_degree=-1 to shard over the rest, "
             f"or NGPU={product * dp_shard}."
         )
@@ -358,7 +361,7 @@ def check_dataset(config) -> None:
         check_json_lines(folder)
 
 
-def run_checks(argv: list[str], ngpu: int) -> list[str]:
+def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
     """Every check; returns notes to print. Raises PreflightError or exits
     with tyro's code 2 on a bad flag."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -378,7 +381,7 @@ def run_checks(argv: list[str], ngpu: int) -> list[str]:
     note = check_ngpu(ngpu, name, device_count(name))
     if note:
         notes.append(note)
-    check_layout(config, ngpu)
+    check_layout(config, ngpu, nnodes)
     check_tokenizer(config)
     check_dataset(config)
     return notes
@@ -396,12 +399,19 @@ def main(argv: list[str] | None = None) -> None:
               "whole number such as 2.", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
     ngpu = int(ngpu)
+    nnodes = os.environ.get("NNODES", "1") or "1"
+    if not nnodes.isdigit() or int(nnodes) < 1:
+        print(f"Error: NNODES={nnodes!r} is not a number of nodes; set NNODES to a "
+              "whole number such as 2 (or leave it unset for one node).",
+              file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    nnodes = int(nnodes)
 
     from torchtitan.tools.logging import init_logger, logger
 
     init_logger()
     try:
-        notes = run_checks(argv, ngpu)
+        notes = run_checks(argv, ngpu, nnodes)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
