@@ -97,6 +97,13 @@ def test_layout_arithmetic_is_refused_with_the_numbers():
     layout = preflight.check_layout(_config(
         "--parallelism.tensor_parallel_degree", "4", "--training.global_batch_size", "64"), 64)
     assert layout == {"tp": 4, "dp_shard": 16, "dp": 16}
+    # Several nodes: the layout spans NGPU x NNODES ranks.
+    msg = _message(preflight.check_layout, _config("--parallelism.tensor_parallel_degree", "3"),
+                   2, 2)
+    assert "NGPU=2 x NNODES=2 = 4 ranks is not divisible by" in msg
+    layout = preflight.check_layout(_config(
+        "--parallelism.tensor_parallel_degree", "4", "--training.global_batch_size", "128"), 64, 2)
+    assert layout == {"tp": 4, "dp_shard": 32, "dp": 32}
 
 
 def test_missing_tokenizer_is_named_with_the_fix(tmp_path):
