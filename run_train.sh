@@ -54,7 +54,9 @@ else
     fi
     NODE_RANK=${NODE_RANK:-0}
     LOG_DIR=${LOG_DIR:-./outputs/logs/node$NODE_RANK}
-    RDZV=(--nnodes="$NNODES" --node_rank="$NODE_RANK"
+    # (c10d numbers the ranks itself; NODE_RANK only names the log folder.)
+    export RDZV_ENDPOINT=$ENDPOINT
+    RDZV=(--nnodes="$NNODES"
           --rdzv_backend c10d --rdzv_endpoint="$ENDPOINT"
           --rdzv_id="${RDZV_ID:-torchtitan_neuron}"
           --rdzv_conf "join_timeout=${RDZV_TIMEOUT:-600}"

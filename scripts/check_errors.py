@@ -251,6 +251,34 @@ def case_rank_crash(tmp):
         if bad]
 
 
+def case_nnodes_no_endpoint(tmp):
+    env = {k: "" for k in ("RDZV_ENDPOINT", "MASTER_ADDR", "MASTER_PORT")}
+    out = _train([*FAST, f"--dump_folder={tmp}"], NNODES="2", **env)
+    return out, _error_line(out.output, "needs the rendezvous endpoint"), [
+        p for p, bad in (("exit code is not 2", out.code != 2),) if bad]
+
+
+def case_bad_endpoint(tmp):
+    out = _train([*FAST, f"--dump_folder={tmp}"], ngpu=1, NNODES="2",
+                 RDZV_ENDPOINT="nohost.invalid:29500")
+    return out, _error_line(out.output, "does not resolve"), [
+        p for p, bad in (("exit code is not 2", out.code != 2),) if bad]
+
+
+def case_peer_missing(tmp):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    out = _train([*FAST, f"--dump_folder={tmp}"], ngpu=1, NNODES="2", NODE_RANK="0",
+                 RDZV_ENDPOINT=f"localhost:{port}", RDZV_TIMEOUT="10",
+                 LOG_DIR=str(tmp / "logs"))
+    return out, _error_line(out.output, "not every node joined"), [
+        p for p, bad in (("exit code is not 1", out.code != 1),
+                         ("a traceback was printed", "Traceback" in out.output)) if bad]
+
+
 CASES = {
     "short-module": case_short_module,
     "import-error": case_import_error,
@@ -266,6 +294,9 @@ CASES = {
     "cpu-oversubscribed": case_cpu_oversubscribed,
     "ctrl-c": case_ctrl_c,
     "rank-crash": case_rank_crash,
+    "nnodes-no-endpoint": case_nnodes_no_endpoint,
+    "bad-endpoint": case_bad_endpoint,
+    "peer-missing": case_peer_missing,
 }
 LIMIT_S = 60  # a refusal must come within this long (imports included)
 

@@ -219,3 +219,11 @@ def test_neuron_cores_are_counted_through_torch_accelerator(monkeypatch):
     monkeypatch.setattr(torch.accelerator, "device_count", lambda: 64)
     assert preflight.device_count("neuron") == 64
     assert preflight.device_count("cpu") is None
+
+
+def test_multinode_endpoint_is_checked():
+    assert "is not host:port" in _message(preflight.check_endpoint, "trn-0")
+    assert "is not host:port" in _message(preflight.check_endpoint, "trn-0:99999")
+    msg = _message(preflight.check_endpoint, "nohost.invalid:29500")
+    assert "the host 'nohost.invalid' does not resolve" in msg
+    preflight.check_endpoint("localhost:29500")  # resolves: no error

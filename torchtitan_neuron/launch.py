@@ -55,6 +55,7 @@ def rendezvous_failure(args, exc) -> str:
             "the same NNODES, RDZV_ENDPOINT and RDZV_ID, or raise RDZV_TIMEOUT."
         )
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = reason.rstrip(".")
     return (
         f"could not reach {where}: {reason}. Check that RDZV_ENDPOINT (or "
         "MASTER_ADDR:MASTER_PORT) names the first node and a port open between "

@@ -361,6 +361,27 @@ def check_dataset(config) -> None:
         check_json_lines(folder)
 
 
+def check_endpoint(endpoint: str) -> None:
+    """The rendezvous endpoint of a multi-node run is host:port and the host
+    resolves (a name that does not would cost minutes of connect retries)."""
+    import socket
+
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PreflightError(
+            f"RDZV_ENDPOINT={endpoint!r} is not host:port. Set it to the first "
+            "node's hostname and a free port, e.g. RDZV_ENDPOINT=trn-0:29500."
+        )
+    try:
+        socket.getaddrinfo(host, int(port))
+    except OSError as exc:
+        raise PreflightError(
+            f"RDZV_ENDPOINT={endpoint}: the host {host!r} does not resolve "
+            f"({exc.strerror or exc}). Use the first node's hostname or IP "
+            "address as every node sees it."
+        ) from None
+
+
 def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
     """Every check; returns notes to print. Raises PreflightError or exits
     with tyro's code 2 on a bad flag."""
@@ -375,6 +396,8 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
 
     from torchtitan_neuron import platform
 
+    if nnodes > 1:
+        check_endpoint(os.environ.get("RDZV_ENDPOINT", ""))
     config = ConfigManager().parse_args(argv)
     notes = []
     name = platform.detect().name
