@@ -217,8 +217,10 @@ def test_neuron_cores_are_counted_through_torch_accelerator(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
     monkeypatch.setattr(torch.accelerator, "device_count", lambda: 64)
-    assert preflight.device_count("neuron") == 64
-    assert preflight.device_count("cpu") is None
+    from torchtitan_neuron import platform
+
+    assert platform.device_count("neuron") == 64
+    assert platform.device_count("cpu") is None
 
 
 def test_multinode_endpoint_is_checked():

@@ -116,6 +116,27 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def device_count(platform_name: str) -> int | None:
+    """Devices a rank can use here: NeuronCores, GPUs; None when unknown
+    (and on CPU, where ranks are processes)."""
+    if platform_name == "cuda":
+        return torch.cuda.device_count()
+    if platform_name == "neuron":
+        # TorchNeuron registers ``neuron`` as a PrivateUse1 device, which
+        # torch.accelerator reports; torch.neuron is its device module.
+        try:
+            import torch_neuronx  # noqa: F401  (registers the neuron device)
+        except Exception:
+            return None
+        for count in (lambda: torch.accelerator.device_count(),
+                      lambda: torch.neuron.device_count()):
+            try:
+                return int(count())
+            except Exception:
+                continue
+    return None
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -135,28 +135,6 @@ def check_recipe(module_name: str, config_name: str) -> None:
     )
 
 
-def device_count(platform_name: str) -> int | None:
-    """Devices a rank can use here: NeuronCores, GPUs; None when unknown."""
-    import torch
-
-    if platform_name == "cuda":
-        return torch.cuda.device_count()
-    if platform_name == "neuron":
-        # TorchNeuron registers ``neuron`` as a PrivateUse1 device, which
-        # torch.accelerator reports; torch.neuron is its device module.
-        try:
-            import torch_neuronx  # noqa: F401  (registers the neuron device)
-        except Exception:
-            return None
-        for count in (lambda: torch.accelerator.device_count(),
-                      lambda: torch.neuron.device_count()):
-            try:
-                return int(count())
-            except Exception:
-                continue
-    return None
-
-
 def check_ngpu(ngpu: int, platform_name: str, devices: int | None,
                cpu_cores: int | None = None) -> str | None:
     """Refuse more ranks than devices; on CPU return a note when ranks
@@ -401,7 +379,7 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
     config = ConfigManager().parse_args(argv)
     notes = []
     name = platform.detect().name
-    note = check_ngpu(ngpu, name, device_count(name))
+    note = check_ngpu(ngpu, name, platform.device_count(name))
     if note:
         notes.append(note)
     check_layout(config, ngpu, nnodes)
