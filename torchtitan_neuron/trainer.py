@@ -180,7 +180,8 @@ class _NeuronTrainerMixin:
         inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
         options = self.config.model
         block = options.attn_mask_type == "block_causal"
-        if not (block or options.reset_positions_per_document or not self._documents_noted):
+        needed = block or options.reset_positions_per_document
+        if not needed and self._documents_noted:
             return inputs, labels, extra_kwargs
         starts = document_starts(
             inputs, getattr(self.tokenizer, "bos_id", None),
@@ -188,27 +189,33 @@ class _NeuronTrainerMixin:
         )
         if not self._documents_noted:
             self._documents_noted = True
-            if block:
-                docs = int(starts.sum())
-                logger.info(
-                    f"Block-causal attention: {docs} documents in the first batch "
-                    f"(mean {starts.numel() / docs:.0f} tokens); no attention "
-                    "crosses a document boundary."
-                )
-            elif not getattr(self, "_planning", False):
-                share = cross_document_share(starts)
-                if share > 0:
-                    logger.info(
-                        f"Packed documents under causal attention: {share:.1%} of "
-                        "the attention pairs in the first batch cross a document "
-                        "boundary. --model.attn_mask_type block_causal keeps each "
-                        "document to itself."
-                    )
+            self._note_documents(starts, block)
         if block:
             extra_kwargs["attention_masks"] = block_causal_mask(starts)
         if options.reset_positions_per_document:
             extra_kwargs["positions"] = document_positions(starts)
         return inputs, labels, extra_kwargs
+
+    def _note_documents(self, starts: torch.Tensor, block: bool) -> None:
+        """One line on the first batch's packed documents."""
+        if block:
+            docs = int(starts.sum())
+            logger.info(
+                f"Block-causal attention: {docs} documents in the first batch "
+                f"(mean {starts.numel() / docs:.0f} tokens); no attention "
+                "crosses a document boundary."
+            )
+            return
+        if getattr(self, "_planning", False):
+            return
+        share = cross_document_share(starts)
+        if share > 0:
+            logger.info(
+                f"Packed documents under causal attention: {share:.1%} of "
+                "the attention pairs in the first batch cross a document "
+                "boundary. --model.attn_mask_type block_causal keeps each "
+                "document to itself."
+            )
 
     def forward_backward_step(self, **kwargs) -> torch.Tensor:
         loss = super().forward_backward_step(**kwargs)

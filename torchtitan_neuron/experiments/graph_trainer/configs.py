@@ -34,8 +34,8 @@ def neuron_simple_fsdp(
     # upstream's converter does not know: convert the Trainer fields, then
     # carry the options over.
     options = getattr(base, "model", None)
-    trainer_fields = {f.name for f in fields(Trainer.Config)}
     if options is not None:
+        trainer_fields = {f.name for f in fields(Trainer.Config)}
         base = Trainer.Config(
             **{f.name: getattr(base, f.name) for f in fields(base) if f.name in trainer_fields}
         )
