@@ -65,17 +65,19 @@ else
          "$ENDPOINT; rank logs in $LOG_DIR" >&2
 fi
 
-# Validate the config in one process first: errors show once, before any rank.
+# The config is checked in one process first: errors show once, before any rank.
+# --help prints tyro's help with the recipe's defaults.
 for arg in "$@"; do
     case "$arg" in -h|--help)
         exec "$PYTHON" -m torchtitan_neuron.preflight --ngpu "$NGPU" --module "$MODULE" --config "$CONFIG" "$@" ;;
     esac
 done
-"$PYTHON" -m torchtitan_neuron.preflight --ngpu "$NGPU" --module "$MODULE" --config "$CONFIG" "$@"
 
 # torchrun (in torchtitan_neuron.launch) forwards SIGINT/SIGTERM to every rank;
-# exec so Ctrl-C reaches it directly.
-exec "$PYTHON" -m torchtitan_neuron.launch \
+# exec so Ctrl-C reaches it directly. --preflight runs those checks
+# (torchtitan_neuron.preflight) while torchrun loads; no rank starts unless
+# they pass.
+exec "$PYTHON" -m torchtitan_neuron.launch --preflight \
     --nproc_per_node="$NGPU" "${RDZV[@]}" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m torchtitan_neuron.train --module "$MODULE" --config "$CONFIG" "$@"

@@ -1,7 +1,9 @@
 """run_train.sh behaves like upstream's launcher, and fails and stops cleanly.
 
 Proves: a refused setting (``--compile.mode aot_fx_trace``) is reported once,
-clearly, with a non-zero exit before any rank starts. Ctrl-C on the launcher
+clearly, with a non-zero exit before any rank starts; the launcher's
+preflight checks the ranks' own arguments with NGPU from --nproc_per_node.
+Ctrl-C on the launcher
 (every rank gone within 5 s, exit code 130, no process left) is checked where
 test_correctness.py interrupts a checkpointing run. A rank that crashes
 mid-run stops the others within 30 s, and its error is the first printed.
@@ -23,6 +25,17 @@ def test_non_jit_mode_fails_fast_through_the_launcher(run, dump_folder):
     assert text.count("jit is the only supported compile mode for SimpleFSDP") == 1
     assert "torch.distributed.run" not in text and "Training starts" not in text
     assert elapsed < 60
+
+
+def test_preflight_checks_the_ranks_training_arguments():
+    import sys
+
+    from torchtitan_neuron.launch import preflight_command
+
+    train = ["--module", "M", "--config", "C", "--training.steps", "3"]
+    for ranks in (["--nproc_per_node=4"], ["--nproc-per-node", "4"]):
+        cmd = preflight_command([*ranks, "--tee", "3", "-m", "torchtitan_neuron.train", *train])
+        assert cmd == [sys.executable, "-m", "torchtitan_neuron.preflight", "--ngpu", "4", *train]
 
 
 def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):

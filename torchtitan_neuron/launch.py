@@ -11,6 +11,10 @@ sees:
 - A rank fails: torchrun stops the others (SIGTERM) as soon as it sees the
   failure. This module prints the first failure (which rank, its exception
   and where it was raised) before torchrun's per-rank table, and exits 1.
+- ``--preflight`` (first, as ``run_train.sh`` passes it): the config checks
+  of ``torchtitan_neuron.preflight`` run in their own process while this one
+  loads torchrun, and no rank starts unless they pass; a failing check's
+  message and exit code are the launch's.
 - Several nodes: when the nodes do not all join torchrun's c10d rendezvous
   within ``join_timeout``, or the rendezvous endpoint cannot be reached, it
   says which, with the endpoint and what to check, and exits 1.
@@ -63,13 +67,48 @@ def rendezvous_failure(args, exc) -> str:
     )
 
 
+def preflight_command(argv: list[str]) -> list[str]:
+    """The preflight for a torchrun command line ``[torchrun args] -m
+    torchtitan_neuron.train [training args]``: the same training arguments,
+    with ``--nproc_per_node`` as the number of ranks."""
+    ngpu = "1"
+    for i, arg in enumerate(argv):
+        if arg.startswith(("--nproc_per_node=", "--nproc-per-node=")):
+            ngpu = arg.split("=", 1)[1]
+        elif arg in ("--nproc_per_node", "--nproc-per-node") and i + 1 < len(argv):
+            ngpu = argv[i + 1]
+        elif arg == "-m":
+            return [sys.executable, "-m", "torchtitan_neuron.preflight",
+                    "--ngpu", ngpu, *argv[i + 2:]]
+    raise SystemExit("torchtitan_neuron.launch --preflight: no '-m <module>' to check")
+
+
 def main(argv: list[str] | None = None) -> None:
-    from torch.distributed import run
+    argv = list(sys.argv[1:] if argv is None else argv)
+    preflight = None
+    if argv[:1] == ["--preflight"]:
+        import subprocess
+
+        argv = argv[1:]
+        # On two or more cores the checks and torchrun's own imports overlap.
+        preflight = subprocess.Popen(preflight_command(argv))
+    try:
+        from torch.distributed import run
+
+        code = preflight.wait() if preflight is not None else 0
+    except KeyboardInterrupt:  # Ctrl-C reached both processes
+        if preflight is not None:
+            preflight.wait()
+        code = 128 + signal.SIGINT
+    if code:
+        sys.stdout.flush()
+        os._exit(code)
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-    args = run.parse_args(sys.argv[1:] if argv is None else argv)
+    args = run.parse_args(argv)
     try:
         run.run(args)
     except SignalException as exc:
