@@ -64,6 +64,11 @@ def test_recipe_module_import_error_is_shown(tmp_path, monkeypatch):
     assert "broken_recipes.config_registry failed to import" in msg
     assert "No module named 'not_a_real_package'" in msg
     assert "config_registry.py:1" in msg
+    # The recipe module itself fails (before its .config_registry is tried).
+    (tmp_path / "broken_module.py").write_text("x = 1\nundefined_name\n")
+    msg = _message(preflight.check_recipe, "broken_module", "my_recipe")
+    assert "MODULE=broken_module failed to import: NameError" in msg
+    assert "broken_module.py:2" in msg
     # A module that does not exist at all is not an import error of its own.
     msg = _message(preflight.check_recipe, "no_such_module_here", "my_recipe")
     assert "MODULE=no_such_module_here cannot be imported" in msg

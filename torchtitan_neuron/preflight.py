@@ -60,8 +60,13 @@ def _import_error(candidate: str, exc: BaseException) -> PreflightError:
     frames = traceback.extract_tb(exc.__traceback__)
     where = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
     at = f" ({where.filename}:{where.lineno})" if where else ""
+    # The module that failed: the first package on the path that did not
+    # finish importing (MODULE itself when "MODULE.config_registry" was tried).
+    parts = candidate.split(".")
+    failed = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                   if ".".join(parts[:i]) not in sys.modules), candidate)
     return PreflightError(
-        f"MODULE={candidate} failed to import: {type(exc).__name__}: {exc}{at}. "
+        f"MODULE={failed} failed to import: {type(exc).__name__}: {exc}{at}. "
         "Fix that import (a missing package: pip install it into the same "
         "environment) and launch again."
     )
