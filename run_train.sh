@@ -7,6 +7,8 @@
 #   LOG_RANK  ranks whose output is shown (torchrun --local-ranks-filter); default 0
 #   COMM_MODE plan: print the memory plan for one of NGPU ranks instead of
 #             training (python -m torchtitan_neuron.plan; add --target, --sweep)
+#   PREFLIGHT 0: skip the one-process config check (about 8 s of CPU) for a
+#             config already checked, e.g. the same run launched again
 #
 # Several nodes (run the same command on each; NGPU is ranks per node):
 #   NNODES        number of nodes; default 1 (everything below is then unused)
@@ -77,7 +79,9 @@ done
 # exec so Ctrl-C reaches it directly. --preflight runs those checks
 # (torchtitan_neuron.preflight) while torchrun loads; no rank starts unless
 # they pass.
-exec "$PYTHON" -m torchtitan_neuron.launch --preflight \
+PREFLIGHT_ARG=(--preflight)
+if [ "${PREFLIGHT:-1}" = 0 ]; then PREFLIGHT_ARG=(); fi
+exec "$PYTHON" -m torchtitan_neuron.launch "${PREFLIGHT_ARG[@]}" \
     --nproc_per_node="$NGPU" "${RDZV[@]}" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m torchtitan_neuron.train --module "$MODULE" --config "$CONFIG" "$@"

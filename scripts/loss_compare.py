@@ -29,6 +29,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--local-batch", type=int, default=2)
     parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--concurrent", action="store_true",
+                        help="launch both sides at once (a machine with cores to spare, "
+                             "or one whose launches spend time waiting)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for both runs' outputs and logs (default: a temporary one)")
     parser.add_argument("extra", nargs="*", help="flags for both sides (after --)")
@@ -95,14 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     common = common_flags(opts.steps, opts.seed, opts.seq_len, opts.local_batch) + opts.extra
     out = opts.out or Path(tempfile.mkdtemp(prefix="loss_compare_"))
     out.mkdir(parents=True, exist_ok=True)
-    losses = []
-    for name, spec in (("a", opts.a), ("b", opts.b)):
+    sides = (("a", opts.a), ("b", opts.b))
+    with ThreadPoolExecutor(max_workers=2 if opts.concurrent else 1) as pool:
+        futures = [pool.submit(run_side, spec, common, out / name, out / f"{name}.log")
+                   for name, spec in sides]
         try:
-            losses.append(run_side(spec, common, out / name, out / f"{name}.log"))
+            a, b = [future.result() for future in futures]
         except RuntimeError as err:
             print(err, file=sys.stderr)
             return 2
-    a, b = losses
     missing = [s for s in range(1, opts.steps + 1) if s not in a or s not in b]
     if missing:
         print(f"steps missing from a run's output: {missing} (logs in {out})", file=sys.stderr)

@@ -60,11 +60,18 @@ def run_train(
     env: dict[str, str] | None = None,
     timeout: float = 600,
     dump_folder: Path | None = None,
+    preflight: bool = False,
 ) -> RunResult:
-    """Run ./run_train.sh as a user would; rank 0's output is returned."""
+    """Run ./run_train.sh as a user would; rank 0's output is returned.
+
+    The one-process config check (8 s of CPU a launch) runs only where a test
+    asks for it (``preflight=True``): the tests of the checks themselves and
+    the default rehearsal. Every other launch here is a config already checked.
+    """
     full_env = dict(os.environ)
     full_env.update(
-        NGPU=str(ngpu), MODULE=module, CONFIG=config, PYTHON=sys.executable
+        NGPU=str(ngpu), MODULE=module, CONFIG=config, PYTHON=sys.executable,
+        PREFLIGHT="1" if preflight else "0",
     )
     full_env.update(env or {})
     extra = [f"--dump_folder={dump_folder}"] if dump_folder else []

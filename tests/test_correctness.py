@@ -42,9 +42,10 @@ CHECKPOINT = ["--checkpoint.enable", "--checkpoint.interval", "5"]
 
 def _loss_compare(tmp_path, a: str, b: str, *extra: str, steps: int = 8):
     proc = subprocess.run(
-        [sys.executable, "scripts/loss_compare.py", "--steps", str(steps),
+        [sys.executable, "scripts/loss_compare.py", "--concurrent", "--steps", str(steps),
          "--out", str(tmp_path), "--a", a, "--b", b, "--", *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, env=dict(os.environ, PREFLIGHT="0"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=900,
     )
     return proc.returncode, proc.stdout
@@ -85,7 +86,7 @@ def _interrupt_after_first_save(args, dump_folder) -> RunResult:
     Every rank must be gone within 5 s, with exit code 130 (128 + SIGINT),
     and no process left behind."""
     env = dict(os.environ, NGPU="2", MODULE=LLAMA_MODULE, CONFIG=CONFIG,
-               PYTHON=sys.executable)
+               PYTHON=sys.executable, PREFLIGHT="0")
     proc = subprocess.Popen(
         ["./run_train.sh", f"--dump_folder={dump_folder}", *args], cwd=REPO, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

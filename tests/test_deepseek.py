@@ -35,7 +35,7 @@ def _finite_and_falling(result, n_steps):
 
 
 def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp_path):
-    recipe = f"MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
+    recipe = f"PREFLIGHT=0 MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
     proc = subprocess.run(
         [sys.executable, "scripts/loss_compare.py", "--steps", "3",
          "--out", str(tmp_path),

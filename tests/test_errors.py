@@ -157,7 +157,7 @@ def test_bundled_data_and_tokenizer_pass():
 def test_launcher_refuses_before_any_rank(run, dump_folder):
     start = time.monotonic()
     result = run(FAST[:3], ngpu=4, module="llama3",
-                 dump_folder=dump_folder)
+                 dump_folder=dump_folder, preflight=True)
     elapsed = time.monotonic() - start
     assert result.returncode == 2
     assert result.output.count(f"set MODULE={LLAMA}") == 1

@@ -18,7 +18,8 @@ from conftest import FAST
 
 def test_non_jit_mode_fails_fast_through_the_launcher(run, dump_folder):
     start = time.monotonic()
-    result = run(["--compile.mode", "aot_fx_trace", *FAST], dump_folder=dump_folder)
+    result = run(["--compile.mode", "aot_fx_trace", *FAST], dump_folder=dump_folder,
+                 preflight=True)
     elapsed = time.monotonic() - start
     assert result.returncode == 2
     text = " ".join(result.output.replace("\u2502", " ").split())  # tyro box edges

@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 def _launch(env: dict[str, str], args: list[str]) -> subprocess.Popen:
     full_env = dict(os.environ, MODULE=LLAMA_MODULE, CONFIG="simple_fsdp_llama3_debugmodel",
-                    PYTHON=sys.executable, **env)
+                    PYTHON=sys.executable, PREFLIGHT="0", **env)
     return subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -57,7 +57,8 @@ def test_two_launchers_train_like_one_and_share_outputs(tmp_path):
     # Every rank logs the global loss: both nodes print the same steps.
     assert [s.loss for s in results[0].steps] == [s.loss for s in results[1].steps]
 
-    single = run_train(STEPS, ngpu=2, dump_folder=tmp_path / "single")
+    # The default rehearsal as a user launches it, config check included.
+    single = run_train(STEPS, ngpu=2, dump_folder=tmp_path / "single", preflight=True)
     assert single.returncode == 0, single.output[-4000:]
     multi = results[0].steps
     assert [s.step for s in multi] == [1, 2, 3]
