@@ -96,6 +96,12 @@ def test_install_adapts_every_copy_and_is_idempotent():
 
     assert tt_utils.get_local_device() == torch.device("cpu")
     assert tt_utils.get_peak_flops(platform.CpuDeviceModule.get_device_name()) > 1e9
+    # Inductor's overlap scheduling costs nodes by DRAM bandwidth: on CPU the
+    # host's measured figure, where it asked Triton's GPU driver and raised.
+    import torch.utils._runtime_estimation as runtime_estimation
+
+    gbps = runtime_estimation.get_gpu_dram_gbps()
+    assert gbps == platform.host_dram_gbps() and 0.5 < gbps < 10_000
 
 
 def test_cpu_memory_figure_is_measured_and_resettable():

@@ -319,7 +319,37 @@ def _install_cpu() -> list[str]:
         get_peak_flops._torchtitan_neuron = True
         tt_utils.get_peak_flops = get_peak_flops
     touched.append("torchtitan.tools.utils.get_peak_flops")
+
+    # Inductor's overlap scheduling (upstream's bucketing passes) costs a
+    # node by the memory it moves over the device's DRAM bandwidth, which it
+    # asks a GPU datasheet or Triton's GPU driver for; on CPU that raises "0
+    # active drivers". The host's measured copy bandwidth stands in.
+    import torch._inductor.scheduler as scheduler
+    import torch._inductor.utils as inductor_utils
+    import torch.utils._runtime_estimation as runtime_estimation
+
+    for module in (inductor_utils, scheduler, runtime_estimation):
+        module.get_gpu_dram_gbps = host_dram_gbps
+        touched.append(f"{module.__name__}.get_gpu_dram_gbps")
     return touched
+
+
+_host_dram_cache: dict[str, float] = {}
+
+
+def host_dram_gbps() -> float:
+    """Host memory bandwidth in GB/s, measured once: bytes read plus written
+    by a 64 MiB tensor copy on this process's threads, best of 5."""
+    if "gbps" not in _host_dram_cache:
+        src = torch.empty(64 * 2**20, dtype=torch.uint8).fill_(1)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - start)
+        _host_dram_cache["gbps"] = 2 * src.numel() / best / 1e9
+    return _host_dram_cache["gbps"]
 
 
 def per_rank_compile_cache() -> str | None:
