@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test check-errors bench-cache bench-plan bench-documents clean
+.PHONY: install train test check-errors bench bench-cache bench-plan bench-documents clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,6 +32,13 @@ test: install
 # one line per case with the message seen and the time to exit (~5 minutes).
 check-errors: install
 	$(PY) scripts/check_errors.py
+
+# SimpleFSDP jit against torchtitan's eager FSDP2, upstream's aot_fx_trace and
+# 1 rank, and scaling to 4 ranks, on the tiny, medium and DeepSeek models;
+# 3 launches per cell (about an hour). Writes docs/bench.md and docs/bench.png.
+# Not part of `make test`. Narrow it: make bench BENCH_ARGS="--models tiny".
+bench: install
+	$(PY) scripts/bench.py $(BENCH_ARGS)
 
 # First step with a cold and a warm compile cache (about 3 minutes).
 bench-cache: install

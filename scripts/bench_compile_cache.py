@@ -10,25 +10,12 @@ and warm/cold. Takes about 3 minutes here.
 """
 
 import argparse
-import datetime
-import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)")
-
-
-def _time(output: str, marker: str) -> datetime.datetime:
-    for line in output.splitlines():
-        if marker in line:
-            match = _STAMP.search(line)
-            if match:
-                return datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f")
-    raise SystemExit(f"no '{marker}' line in the run's output:\n{output[-3000:]}")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import launch  # noqa: E402
 
 
 def main() -> int:
@@ -38,20 +25,18 @@ def main() -> int:
     opts, overrides = parser.parse_known_args()
     results = {}
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, NGPU="2",
-                   PYTHON=os.environ.get("PYTHON", sys.executable))
         for run in ("cold", "warm"):
-            proc = subprocess.run(
-                ["./run_train.sh", "--training.steps", str(opts.steps),
-                 "--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
-                 "--metrics.log_freq", "1", *overrides],
-                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0:
-                print(proc.stdout[-3000:])
+            result = launch(
+                "torchtitan_neuron.experiments.graph_trainer.llama3",
+                "simple_fsdp_llama3_debugmodel", 2,
+                ["--training.steps", str(opts.steps), "--dataloader.dataset", "c4_test",
+                 "--hf_assets_path=./tests/assets/tokenizer", "--metrics.log_freq", "1",
+                 *overrides],
+                env={"TORCHINDUCTOR_CACHE_DIR": cache})
+            if result.returncode != 0 or len(result.steps) < 2:
+                print(result.tail())
                 return 1
-            start = _time(proc.stdout, "Training starts")
-            one, two = _time(proc.stdout, "step:  1"), _time(proc.stdout, "step:  2")
-            results[run] = ((one - start).total_seconds(), (two - one).total_seconds())
+            results[run] = (result.first_step_s(), result.step_times(2)[0])
             print(f"{run}: first step {results[run][0]:.1f} s, second step "
                   f"{results[run][1]:.2f} s", flush=True)
     ratio = results["warm"][0] / results["cold"][0]

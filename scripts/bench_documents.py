@@ -13,18 +13,13 @@ the last step, then block_causal/causal ratios as a markdown table.
 """
 
 import argparse
-import datetime
-import os
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) .*step:\s+(\d+)\s+loss:\s+(\S+)")
-_PEAK = re.compile(r"measured_peak_gib=([\d.]+)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import launch  # noqa: E402
 
 RECIPES = [
     ("llama3 debug, FSDP2", "torchtitan_neuron.experiments.graph_trainer.llama3",
@@ -36,27 +31,18 @@ RECIPES = [
 
 def run(module: str, config: str, ngpu: int, mask: str, steps: int,
         overrides: list[str]) -> dict:
-    env = dict(os.environ, NGPU=str(ngpu), MODULE=module, CONFIG=config,
-               PYTHON=os.environ.get("PYTHON", sys.executable),
-               TORCHTITAN_NEURON_MEASURE_MEMORY_STEP="2")
-    proc = subprocess.run(
-        ["./run_train.sh", "--training.steps", str(steps),
+    result = launch(
+        module, config, ngpu,
+        ["--training.steps", str(steps),
          "--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
          "--compile.backend", "aot_eager", "--metrics.log_freq", "1",
          "--debug.seed", "0", "--model.attn_mask_type", mask, *overrides],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{config} {mask} failed:\n{proc.stdout[-3000:]}")
-    output = _ANSI.sub("", proc.stdout)
-    stamps, losses = {}, {}
-    for match in _STAMP.finditer(output):
-        step = int(match[2])
-        stamps[step] = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f")
-        losses[step] = float(match[3])
-    times = [(stamps[s] - stamps[s - 1]).total_seconds() for s in range(3, steps + 1)]
-    peak = _PEAK.search(output)
-    return {"step_s": statistics.median(times), "peak_gib": float(peak[1]),
-            "loss": losses[steps]}
+        env={"TORCHTITAN_NEURON_MEASURE_MEMORY_STEP": "2"})
+    peak = re.search(r"measured_peak_gib=([\d.]+)", result.output)
+    if result.returncode != 0 or not peak:
+        raise SystemExit(f"{config} {mask} failed:\n{result.tail()}")
+    return {"step_s": statistics.median(result.step_times(3)), "peak_gib": float(peak[1]),
+            "loss": result.steps[-1].loss}
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
 from torchtitan_neuron.models.llama3.config_registry import (
     cpu_rehearsal_llama3_debugmodel,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer
+from torchtitan_neuron.trainer import NeuronGraphTrainer, NeuronTrainer
 
 MEDIUM = "bench_medium"
 
@@ -57,3 +57,53 @@ def _medium_base():
 
 def simple_fsdp_llama3_medium() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_llama3_config(_medium_base)
+
+
+# The baselines `make bench` runs the same models under (scripts/bench.py):
+# torchtitan's eager FSDP2 Trainer, and upstream's GraphTrainer in its
+# default aot_fx_trace mode. Each starts from the same CPU rehearsal base as
+# the SimpleFSDP recipe, with SDPA attention (FlexAttention has no backward
+# on CPU in torch 2.14).
+
+
+def llama3_medium_fsdp2() -> NeuronTrainer.Config:
+    from torchtitan_neuron.models.llama3 import model_registry
+    from torchtitan_neuron.models.recipes import neuron_trainer_config
+
+    return neuron_trainer_config(_medium_base(), model_registry(MEDIUM))
+
+
+def _graph_trainer(base, registry, flavor: str):
+    from torchtitan.experiments.graph_trainer.configs import (
+        GraphTrainerCompileConfig,
+        to_graph_trainer_config,
+    )
+
+    base.model_spec = registry(flavor, attn_backend="sdpa")
+    config = to_graph_trainer_config(base, registry)
+    config.compile = GraphTrainerCompileConfig(enable=True, mode="aot_fx_trace")
+    return config
+
+
+def graph_trainer_llama3_debugmodel_cpu():
+    from torchtitan.experiments.graph_trainer.llama3 import model_registry
+
+    return _graph_trainer(cpu_rehearsal_llama3_debugmodel(), model_registry, "debugmodel")
+
+
+def graph_trainer_llama3_medium():
+    from torchtitan.experiments.graph_trainer.llama3 import model_registry
+
+    return _graph_trainer(cpu_rehearsal_llama3_debugmodel(), model_registry, MEDIUM)
+
+
+def graph_trainer_deepseek_v3_debugmodel_cpu():
+    from torchtitan.experiments.graph_trainer.deepseek_v3 import model_registry
+
+    from torchtitan_neuron.models.deepseek_v3.config_registry import (
+        cpu_rehearsal_deepseek_v3_debugmodel,
+    )
+
+    base = cpu_rehearsal_deepseek_v3_debugmodel()
+    base.parallelism.expert_parallel_degree = 1
+    return _graph_trainer(base, model_registry, "debugmodel")

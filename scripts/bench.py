@@ -1,0 +1,332 @@
+"""SimpleFSDP jit against the alternatives, side by side, on this machine.
+
+    .venv/bin/python scripts/bench.py [--models tiny,medium,deepseek]
+        [--launches 3] [--steps 12] [--out docs]
+
+For each model (the Llama 3 debug model, the medium Llama of
+scripts/bench_recipes.py, the DeepSeek-V3 debug model), with the same seed,
+data (bundled c4_test), dtype (fp32), sequence length and global batch, and
+1 thread per rank, it launches ``./run_train.sh`` as a user would:
+
+- ``simplefsdp``: this project's SimpleFSDP jit recipe, 2 ranks (FSDP2);
+- ``fsdp2``: torchtitan's eager Trainer with ``fully_shard``, 2 ranks;
+- ``aot_fx_trace``: upstream's GraphTrainer in its default mode, 2 ranks
+  (its overlap-scheduling pass asks Triton for GPU bandwidth, so it is
+  disabled on CPU: ``--compile.disable_passes`` below);
+- ``simplefsdp`` on 1 rank (nothing to shard) and on 4 ranks: scaling at a
+  fixed global batch (the local batch shrinks as ranks grow).
+
+Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
+cache (cold first step), the later ones reuse it (warm). A launch reports the
+median step time over steps 3..N (rank 0's log timestamps), the median
+tokens/s per rank and MFU from the step lines, the peak of the step line's
+per-rank memory figure, and the per-rank sharded state (parameters,
+gradients, optimizer state). MFU is against the 1-thread fp32 matmul peak
+measured at the start of the run (2048^3 ``torch.mm``, median of 7), which
+the ranks are given as ``TORCHTITAN_NEURON_CPU_PEAK_FLOPS``.
+
+Writes ``<out>/bench.md`` (the tables) and ``<out>/bench.png`` (the plot),
+and prints ``key=value`` lines: ``simplefsdp_vs_fsdp2_tokens_per_s_ratio``,
+``mfu_vs_matmul_peak`` and ``warm_vs_cold_first_step`` per model.
+"""
+
+import argparse
+import datetime
+import os
+import platform as host
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import REPO, Run, launch  # noqa: E402
+
+GT = "torchtitan_neuron.experiments.graph_trainer"
+BENCH = "scripts.bench_recipes"
+# The mode of each cell: which recipe of the model, and what it adds.
+MODES = {
+    "simplefsdp": ("simplefsdp", []),
+    "simplefsdp_bucketing": ("simplefsdp", ["--compile.passes", "transformer_block_bucketing"]),
+    "simplefsdp_aot_eager": ("simplefsdp", ["--compile.backend", "aot_eager"]),
+    "fsdp2": ("fsdp2", []),
+    "aot_fx_trace": ("fx", []),
+}
+_STATE = re.compile(r"Per-rank sharded state: parameters ([\d.]+) MiB, gradients "
+                    r"([\d.]+) MiB, optimizer state ([\d.]+) MiB")
+_BACKEND = re.compile(r"compile backend (\w+)")
+_AC = re.compile(r"Applied (\w+)AC activation checkpointing")
+
+
+@dataclass
+class Model:
+    title: str
+    seq_len: int
+    global_batch: int
+    simplefsdp: tuple[str, str]
+    fsdp2: tuple[str, str]
+    fx: tuple[str, str]
+    cells: list[tuple[str, int]]
+    extra: list[str] = field(default_factory=list)
+
+
+# (mode, ranks): side by side at 2 ranks; scaling at 1, 2 and 4 ranks; and
+# on the tiny model, what the bucketing pass and the compile backend buy.
+SIDE_BY_SIDE = [("simplefsdp", 2), ("fsdp2", 2), ("aot_fx_trace", 2)]
+SCALING = [("simplefsdp", 1), ("simplefsdp", 4)]
+VARIANTS = [("simplefsdp_bucketing", 2), ("simplefsdp_aot_eager", 2)]
+
+MODELS = {
+    "tiny": Model("Llama 3 debug (6.2 M)", 512, 8,
+                  (f"{GT}.llama3", "simple_fsdp_llama3_debugmodel"),
+                  ("torchtitan_neuron.models.llama3", "llama3_debugmodel_neuron"),
+                  (BENCH, "graph_trainer_llama3_debugmodel_cpu"),
+                  SIDE_BY_SIDE + SCALING + VARIANTS),
+    "medium": Model("Llama 3 medium (58 M)", 512, 4,
+                    (BENCH, "simple_fsdp_llama3_medium"),
+                    (BENCH, "llama3_medium_fsdp2"),
+                    (BENCH, "graph_trainer_llama3_medium"),
+                    SIDE_BY_SIDE),
+    "deepseek": Model("DeepSeek-V3 debug (MoE)", 256, 4,
+                      (f"{GT}.deepseek_v3", "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"),
+                      ("torchtitan_neuron.models.deepseek_v3",
+                       "deepseek_v3_debugmodel_neuron_tp2_fsdp2"),
+                      (BENCH, "graph_trainer_deepseek_v3_debugmodel_cpu"),
+                      SIDE_BY_SIDE + SCALING[:1],
+                      ["--parallelism.tensor_parallel_degree", "1"]),
+}
+
+
+@dataclass
+class Cell:
+    model: str
+    mode: str
+    ranks: int
+    launches: list[Run] = field(default_factory=list)
+    error: str = ""
+
+    def ok(self) -> list[Run]:
+        return [r for r in self.launches if r.returncode == 0 and r.steps]
+
+    def median(self, attribute: str, first: int = 3) -> float:
+        return statistics.median(r.median(attribute, first) for r in self.ok())
+
+    def step_s(self) -> list[float]:
+        return [statistics.median(r.step_times(3)) for r in self.ok()]
+
+    def memory_gib(self) -> float:
+        return max(s.memory_gib for r in self.ok() for s in r.steps)
+
+    def state_mib(self) -> tuple[float, float, float] | None:
+        match = _STATE.search(self.ok()[0].output)
+        return tuple(float(x) for x in match.groups()) if match else None
+
+    def backend(self) -> str:
+        if self.mode == "fsdp2":
+            return "eager"
+        if self.mode == "aot_fx_trace":
+            return "aot_fx_trace (aot_eager)"
+        match = _BACKEND.search(self.ok()[0].output)
+        backend = "aot_eager" if self.mode.endswith("aot_eager") else (match[1] if match else "?")
+        return f"jit ({backend})" + (" + bucketing" if "bucketing" in self.mode else "")
+
+    def ac(self) -> str:
+        match = _AC.search(self.ok()[0].output)
+        return match[1].lower() if match else "none"
+
+    def cold_warm(self) -> tuple[float, float | None]:
+        firsts = [r.first_step_s() for r in self.ok()]
+        if self.launches[0] not in self.ok():
+            return float("nan"), None
+        return firsts[0], (statistics.median(firsts[1:]) if len(firsts) > 1 else None)
+
+
+def matmul_peak_flops() -> float:
+    import torch
+
+    from torchtitan_neuron.platform import measure_matmul_flops
+
+    torch.set_num_threads(1)
+    return measure_matmul_flops(torch.float32, n=2048, repeats=7)
+
+
+def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
+             overrides: list[str], threads: int = 1) -> None:
+    recipe, mode_args = MODES[cell.mode]
+    module, config = getattr(model, recipe)
+    args = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
+            "--metrics.log_freq", "1", "--debug.seed", "0",
+            "--training.mixed_precision_param", "float32",
+            "--training.steps", str(steps), "--training.seq_len", str(model.seq_len),
+            "--training.global_batch_size", str(model.global_batch),
+            "--training.local_batch_size", str(model.global_batch // cell.ranks),
+            *model.extra, *mode_args, *overrides]
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        env = {"OMP_NUM_THREADS": str(threads), "TORCHTITAN_NEURON_CPU_PEAK_FLOPS": f"{peak:.6e}",
+               "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "compile-cache")}
+        for n in range(launches):
+            run = launch(module, config, cell.ranks,
+                         [*args, f"--dump_folder={tmp}/out{n}"], env=env)
+            cell.launches.append(run)
+            if run.returncode != 0 or not run.steps:
+                lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]
+                cell.error = (lines[-1] if lines else run.tail(300)).strip()[:300]
+                print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: FAILED "
+                      f"(exit {run.returncode}): {cell.error}", flush=True)
+                return
+            print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: first step "
+                  f"{run.first_step_s():.1f} s, step {statistics.median(run.step_times(3)):.3f} s, "
+                  f"tps/rank {run.median('tps', 3):.0f}, mfu {run.median('mfu_pct', 3):.2f}%, "
+                  f"memory {max(s.memory_gib for s in run.steps):.2f} GiB, "
+                  f"loss {run.steps[-1].loss:.4f}", flush=True)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None or x != x else format(x, spec)
+
+
+def table(cells: list[Cell], models: dict[str, Model]) -> list[str]:
+    rows = ["| model | mode | ranks | compile | AC | step (s), median [min, max] | "
+            "tokens/s per rank | MFU vs matmul peak | peak memory per rank (GiB) | "
+            "params / grads / optimizer per rank (MiB) | first step cold / warm (s) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        if not c.ok() or c.error:
+            rows.append(f"| {models[c.model].title} | {c.mode} | {c.ranks} | | | failed: "
+                        f"`{c.error}` | | | | | |")
+            continue
+        steps = c.step_s()
+        state = c.state_mib()
+        cold, warm = c.cold_warm()
+        rows.append(
+            f"| {models[c.model].title} | {c.mode} | {c.ranks} | {c.backend()} | {c.ac()} | "
+            f"{statistics.median(steps):.3f} [{min(steps):.3f}, {max(steps):.3f}] | "
+            f"{c.median('tps'):.0f} | {c.median('mfu_pct'):.1f}% | {c.memory_gib():.2f} | "
+            + (" / ".join(f"{x:.2f}" for x in state) if state else "n/a")
+            + f" | {_fmt(cold, '.1f')} / {_fmt(warm, '.1f')} |")
+    return rows
+
+
+def summary(cells: list[Cell]) -> list[str]:
+    lines = []
+    by = {(c.model, c.mode, c.ranks): c for c in cells if c.ok() and not c.error}
+    for model in dict.fromkeys(c.model for c in cells):
+        simple, fsdp2 = by.get((model, "simplefsdp", 2)), by.get((model, "fsdp2", 2))
+        parts = [f"model={model}"]
+        if simple and fsdp2:
+            parts.append("simplefsdp_vs_fsdp2_tokens_per_s_ratio="
+                         f"{simple.median('tps') / fsdp2.median('tps'):.3f}")
+        if simple:
+            parts.append(f"mfu_vs_matmul_peak={simple.median('mfu_pct') / 100:.3f}")
+            cold, warm = simple.cold_warm()
+            if warm is not None:
+                parts.append(f"warm_vs_cold_first_step={warm / cold:.3f}")
+        lines.append(" ".join(parts))
+    return lines
+
+
+def plot(cells: list[Cell], models: dict[str, Model], path: Path, title: str) -> None:
+    """Tokens/s per rank for each cell, one group of bars per model."""
+    from PIL import Image, ImageDraw
+
+    good = [c for c in cells if c.ok() and not c.error]
+    if not good:
+        return
+    colors = {"simplefsdp": (31, 119, 180), "fsdp2": (255, 127, 14),
+              "aot_fx_trace": (44, 160, 44), "simplefsdp_bucketing": (148, 103, 189),
+              "simplefsdp_aot_eager": (140, 86, 75)}
+    left, bar, gap, width = 260, 22, 14, 900
+    height = 70 + len(cells) * bar + len({c.model for c in cells}) * gap + 20
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((10, 10), title, fill="black")
+    draw.text((10, 28), "tokens/s per rank (median of launches); bar label: step time",
+              fill=(80, 80, 80))
+    scale = (width - left - 120) / max(c.median("tps") for c in good)
+    y = 60
+    for model in dict.fromkeys(c.model for c in cells):
+        for c in (c for c in cells if c.model == model):
+            label = f"{model} {c.mode} x{c.ranks}"
+            draw.text((10, y + 5), label, fill="black")
+            if c in good:
+                tps = c.median("tps")
+                draw.rectangle([left, y + 2, left + tps * scale, y + bar - 4],
+                               fill=colors[c.mode])
+                draw.text((left + tps * scale + 6, y + 5),
+                          f"{tps:.0f} tok/s, {statistics.median(c.step_s()):.2f} s",
+                          fill="black")
+            else:
+                draw.text((left, y + 5), "failed", fill=(200, 0, 0))
+            y += bar
+        y += gap
+    img.save(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,medium,deepseek")
+    parser.add_argument("--cells", default=None,
+                        help="mode:ranks list, e.g. simplefsdp:2,fsdp2:2 (default: all)")
+    parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=1, help="threads per rank")
+    parser.add_argument("--out", default=str(REPO / "docs"))
+    opts, overrides = parser.parse_known_args()
+    names = opts.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    wanted = None
+    if opts.cells:
+        wanted = [(m, int(r)) for m, r in (c.split(":") for c in opts.cells.split(","))]
+        bad = [m for m, _ in wanted if m not in MODES]
+        if bad:
+            parser.error(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
+    if opts.steps < 12:
+        parser.error("--steps must be at least 12 (steps 1-2 warm up, 3.. are timed)")
+
+    peak = matmul_peak_flops()
+    print(f"matmul_peak_gflops={peak / 1e9:.1f} (fp32, 1 thread, 2048^3)", flush=True)
+    started = datetime.datetime.now()
+    machine = (f"{os.cpu_count()} cores ({host.processor() or host.machine()}), "
+               f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s on 1 thread")
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = []
+    for name in names:
+        for mode, ranks in wanted or MODELS[name].cells:
+            cell = Cell(name, mode, ranks)
+            run_cell(cell, MODELS[name], opts.launches, opts.steps, peak, overrides,
+                     opts.threads)
+            cells.append(cell)
+            # Written after every cell: a long run stopped part-way keeps what it measured.
+            rows, lines = write_report(cells, out, started, machine, opts)
+    print()
+    print("\n".join(rows))
+    print()
+    print("\n".join(lines))
+    print(f"wrote {out / 'bench.md'} and {out / 'bench.png'}")
+    return 0 if all(c.ok() and not c.error for c in cells) else 1
+
+
+def write_report(cells: list[Cell], out: Path, started: datetime.datetime, machine: str,
+                 opts) -> tuple[list[str], list[str]]:
+    minutes = (datetime.datetime.now() - started).total_seconds() / 60
+    rows, lines = table(cells, MODELS), summary(cells)
+    (out / "bench.md").write_text(
+        f"# Benchmark: SimpleFSDP jit against the alternatives\n\n"
+        f"Measured {started:%Y-%m-%d %H:%M} on {machine}; {opts.launches} launches per "
+        f"cell, {opts.steps} steps each (median over steps 3..{opts.steps}), fp32, "
+        f"{opts.threads} thread(s) per rank, c4_test, seed 0; {minutes:.0f} minutes in all. "
+        f"Command: `{' '.join(['scripts/bench.py', *sys.argv[1:]])}`.\n\n"
+        + "\n".join(rows) + "\n\n```\n" + "\n".join(lines) + "\n```\n")
+    plot(cells, MODELS, out / "bench.png",
+         f"torchtitan_neuron bench, {started:%Y-%m-%d}, {machine}")
+    return rows, lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The benchmark's reading of a run: step lines, timings, ratios.
+
+Proves, on a log written the way torchtitan writes it (ANSI colours, the
+thousands separator in tps): scripts/runlog.py reads each step's time, loss,
+memory, tokens/s and MFU, the first step from "Training starts", and the
+step times; scripts/bench.py turns launches into the median of per-launch
+medians, the cold/warm first step, the sharded state, and the ratio lines
+(SimpleFSDP over FSDP2 tokens/s, MFU as a fraction of the matmul peak).
+
+Run: .venv/bin/python -m pytest tests/test_bench.py -q
+"""
+
+import datetime
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench  # noqa: E402
+from runlog import ANSI, Run  # noqa: E402
+
+_LINE = ("[rank0]:[titan] {stamp} - root - INFO - \x1b[31mstep: {step:2}  "
+         "\x1b[32mloss: {loss:.5f}  \x1b[38;2;180;60;0mgrad_norm:  0.5000  "
+         "\x1b[38;2;54;234;195mmemory:  {mem:.2f}GiB(9.00%)  \x1b[34mtps: {tps:,}  "
+         "\x1b[36mtflops: 0.02  \x1b[35mmfu: {mfu:.2f}%\x1b[39m")
+_START = datetime.datetime(2026, 11, 30, 10, 0, 0)
+
+
+def _stamp(seconds: float) -> str:
+    t = _START + datetime.timedelta(seconds=seconds)
+    return f"{t:%Y-%m-%d %H:%M:%S},{t.microsecond // 1000:03d}"
+
+
+def _log(first_step_s: float, step_s: list[float], tps: list[int], mfu: float,
+         state: str = "") -> Run:
+    lines = [f"[rank0]:[titan] {_stamp(0)} - root - INFO - Training starts at step 1"]
+    t = first_step_s
+    for n, dt in enumerate([0.0, *step_s], start=1):
+        t += dt
+        lines.append(_LINE.format(stamp=_stamp(t), step=n, loss=8 - n / 10,
+                                  mem=1.0 + n / 100, tps=tps[n - 1], mfu=mfu))
+    if state:
+        lines.append(f"[rank0]:[titan] {_stamp(t + 0.1)} - root - INFO - {state}")
+    return Run(0, ANSI.sub("", "\n".join(lines)), 1.0)
+
+
+def test_runlog_reads_step_lines_and_times():
+    run = _log(12.5, [2.0, 1.0, 1.5, 1.25], [900, 1100, 1200, 1300, 1250], 21.5)
+    assert [s.step for s in run.steps] == [1, 2, 3, 4, 5]
+    assert run.steps[2].tps == 1200 and run.steps[0].memory_gib == 1.01
+    assert run.steps[4].loss == pytest.approx(7.5)
+    assert run.first_step_s() == pytest.approx(12.5)
+    assert run.step_times(3) == pytest.approx([1.0, 1.5, 1.25])
+    assert run.median("tps", 3) == 1250
+    assert run.median("mfu_pct", 3) == 21.5
+
+
+def test_cells_take_the_median_of_launches_and_print_the_ratios():
+    state = "Per-rank sharded state: parameters 11.76 MiB, gradients 11.76 MiB, optimizer state 23.51 MiB"
+    simple = bench.Cell("tiny", "simplefsdp", 2, [
+        _log(90.0, [1.0, 1.0, 1.0], [1000, 1000, 1000, 1000], 30.0, state),  # cold
+        _log(10.0, [1.2, 1.2, 1.2], [900, 900, 900, 900], 27.0, state),
+        _log(12.0, [0.8, 0.8, 0.8], [1100, 1100, 1100, 1100], 33.0, state),
+    ])
+    fsdp2 = bench.Cell("tiny", "fsdp2", 2, [
+        _log(5.0, [1.25, 1.25, 1.25], [800, 800, 800, 800], 24.0, state)])
+    assert simple.step_s() == pytest.approx([1.0, 1.2, 0.8])
+    assert simple.median("tps") == 1000
+    assert simple.cold_warm() == pytest.approx((90.0, 11.0))
+    assert simple.state_mib() == (11.76, 11.76, 23.51)
+    assert simple.memory_gib() == pytest.approx(1.04)
+    [line] = bench.summary([simple, fsdp2])
+    assert line == ("model=tiny simplefsdp_vs_fsdp2_tokens_per_s_ratio=1.250 "
+                    "mfu_vs_matmul_peak=0.300 warm_vs_cold_first_step=0.122")
+    rows = bench.table([simple, fsdp2], bench.MODELS)
+    assert "| 1.000 [0.800, 1.200] | 1000 | 30.0% | 1.04 | 11.76 / 11.76 / 23.51 | 90.0 / 11.0 |" in rows[2]
+    failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
+                        error="RuntimeError: boom")
+    assert "failed: `RuntimeError: boom`" in bench.table([failed], bench.MODELS)[2]
