@@ -133,6 +133,9 @@ class Cell:
         return f"jit ({backend})" + (" + bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:
+        if self.mode == "aot_fx_trace":
+            # Its memory policy is a graph pass, not a module wrapper.
+            return "selective (graph)"
         match = _AC.search(self.ok()[0].output)
         return match[1].lower() if match else "none"
 
@@ -309,7 +312,8 @@ def main() -> int:
     print()
     print("\n".join(lines))
     print(f"wrote {out / 'bench.md'} and {out / 'bench.png'}")
-    return 0 if all(c.ok() and not c.error for c in cells) else 1
+    # A baseline that fails is a row of the table; this project's cells must run.
+    return 0 if all(c.ok() and not c.error for c in cells if c.mode.startswith("simplefsdp")) else 1
 
 
 def write_report(cells: list[Cell], out: Path, started: datetime.datetime, machine: str,
