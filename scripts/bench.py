@@ -1,7 +1,8 @@
 """SimpleFSDP jit against the alternatives, side by side, on this machine.
 
     .venv/bin/python scripts/bench.py [--models tiny,medium,deepseek]
-        [--launches 3] [--steps 12] [--out docs]
+        [--cells simplefsdp:2,fsdp2:2] [--launches 3] [--steps 12]
+        [--threads 1] [--out docs] [trainer overrides...]
 
 For each model (the Llama 3 debug model, the medium Llama of
 scripts/bench_recipes.py, the DeepSeek-V3 debug model), with the same seed,
@@ -10,11 +11,13 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
 
 - ``simplefsdp``: this project's SimpleFSDP jit recipe, 2 ranks (FSDP2);
 - ``fsdp2``: torchtitan's eager Trainer with ``fully_shard``, 2 ranks;
-- ``aot_fx_trace``: upstream's GraphTrainer in its default mode, 2 ranks
-  (its overlap-scheduling pass asks Triton for GPU bandwidth, so it is
-  disabled on CPU: ``--compile.disable_passes`` below);
+- ``aot_fx_trace``: upstream's GraphTrainer in its default mode, with its
+  default passes, 2 ranks;
 - ``simplefsdp`` on 1 rank (nothing to shard) and on 4 ranks: scaling at a
-  fixed global batch (the local batch shrinks as ranks grow).
+  fixed global batch (the local batch shrinks as ranks grow);
+- on the debug model, ``simplefsdp_bucketing`` (upstream's
+  ``transformer_block_bucketing`` pass) and ``simplefsdp_aot_eager`` (the
+  aot_eager backend instead of inductor): what each buys.
 
 Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
 cache (cold first step), the later ones reuse it (warm). A launch reports the
