@@ -48,6 +48,14 @@ scratchpad variables (the plan assumes op-by-op lifetimes within a NEFF).
 
 from __future__ import annotations
 
+import gc
+
+# torchtitan's trainer turns automatic garbage collection off when it is
+# built; the planner turns it off from the start, so that importing torch
+# and torchtitan (over a thousand collections, about a second here) does not
+# pay for it either.
+gc.disable()
+
 import argparse
 import contextlib
 import json
