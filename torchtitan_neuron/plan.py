@@ -166,43 +166,78 @@ def ac_name(ac_config) -> str:
     return "none"
 
 
+def _run_graph(gm, example_inputs):
+    """Boxed code for one partitioned graph that drops each input and
+    intermediate after its last use; each execution is reported to the
+    active tracker as one compiled program."""
+    from torch.fx.graph import _BoxedCodeGen
+
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args):
+        if not _ACTIVE_TRACKERS:
+            return forward(args)
+        with _ACTIVE_TRACKERS[-1].program(id(gm)):
+            return forward(args)
+
+    run._boxed_call = True
+    return run
+
+
+def _aot_settings() -> dict:
+    """What torch 2.14's ``aot_eager`` gives AOTAutograd: the min-cut
+    rematerialization partitioner (which aot_eager, inductor and neuron all
+    use) and input mutations kept in the graph."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return dict(fw_compiler=_run_graph, bw_compiler=_run_graph,
+                partition_fn=min_cut_rematerialization_partition,
+                keep_inference_input_mutations=True)
+
+
 def _register_plan_backend() -> str:
     """An AOTAutograd backend that runs each graph op by op, as torch 2.14's
-    ``aot_eager`` does: the min-cut rematerialization partitioner (which
-    aot_eager, inductor and neuron all use), input mutations kept in the
-    graph, and boxed code that drops each input and intermediate after its
-    last use. Each graph execution is reported to the active tracker as one
-    compiled program."""
+    ``aot_eager`` does (``_aot_settings``, ``_run_graph``)."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch.fx.graph import _BoxedCodeGen
 
     name = "torchtitan_neuron_plan"
     if name not in torch._dynamo.list_backends(exclude_tags=()):
-
-        def run_graph(gm, example_inputs):
-            gm.graph.set_codegen(_BoxedCodeGen())
-            gm.recompile()
-            forward = gm.forward
-
-            def run(args):
-                if not _ACTIVE_TRACKERS:
-                    return forward(args)
-                with _ACTIVE_TRACKERS[-1].program(id(gm)):
-                    return forward(args)
-
-            run._boxed_call = True
-            return run
-
-        torch._dynamo.register_backend(
-            name=name,
-            compiler_fn=aot_autograd(
-                fw_compiler=run_graph, bw_compiler=run_graph,
-                partition_fn=min_cut_rematerialization_partition,
-                keep_inference_input_mutations=True,
-            ),
-        )
+        torch._dynamo.register_backend(name=name, compiler_fn=aot_autograd(**_aot_settings()))
     return name
+
+
+def _clip_traced_by_aot(clip):
+    """Gradient clipping as the planner compiles it: the same function
+    (torchtitan's ``clip_grad_norm_``), traced by AOTAutograd with the plan
+    backend's settings, without Dynamo's capture in front.
+
+    Dynamo adds nothing to this function's graph: it has no control flow on
+    values and no graph breaks, and its only tensor inputs are the gradients
+    (the parameters are read for their ``.grad``). Its capture is what costs:
+    a fake copy and guards for each of the 2 x 291 DTensors of the 8B model.
+    The forward graph is the same op for op (compared on the debug Llama and
+    DeepSeek recipes: only node names differ).
+    """
+    from types import SimpleNamespace
+
+    from torch._functorch.aot_autograd import aot_function
+
+    compiled = {}
+
+    def clip_grads(parameters, max_norm, **kwargs):
+        grads = [p.grad for p in parameters if p.grad is not None]
+        key = (len(grads), max_norm, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
+        if key not in compiled:
+
+            def on_grads(*grads):
+                return clip([SimpleNamespace(grad=g) for g in grads], max_norm, **kwargs)
+
+            compiled[key] = aot_function(on_grads, **_aot_settings())
+        return compiled[key](*grads)
+
+    return clip_grads
 
 
 @contextlib.contextmanager
@@ -334,6 +369,7 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
 
     from torchtitan_neuron import platform
     from torchtitan_neuron.models.experts import EXPERT_KERNEL_ENV
+    from torchtitan_neuron.trainer import GRAD_CLIP_COMPONENT
 
     platform.install()
     # FakeTensors have no token counts for the per-expert loop to split on;
@@ -371,6 +407,10 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     # is too; the step itself runs outside the fake mode, so the little it
     # reads back (the count of valid tokens) comes from the real token batch.
     trainer._planning = True
+    if config.compile.enable and GRAD_CLIP_COMPONENT in config.compile.components:
+        import torchtitan.distributed.utils as dist_utils
+
+        trainer._clip_then_check = trainer._guarded(_clip_traced_by_aot(dist_utils.clip_grad_norm_))
     trainer.metrics_processor.should_log = lambda step: False
     instrument(trainer, tracker)
     # Step 1 compiles and creates gradients and optimizer state; one
