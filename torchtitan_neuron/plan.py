@@ -87,6 +87,10 @@ NEURON_DEFAULT_SCRATCHPAD_PAGE_MB = 512
 
 # The compiled programs of the step being planned report to this tracker.
 _ACTIVE_TRACKERS: list = []
+# While set (the planner's first step, which only compiles and creates the
+# gradients and optimizer state), compiled programs return outputs of the
+# sizes, strides, offsets and dtypes their graphs record, without running.
+_OUTPUTS_ONLY: list = []
 
 
 @dataclass
@@ -177,6 +181,8 @@ def _run_graph(gm, example_inputs):
     forward = gm.forward
 
     def run(args):
+        if _OUTPUTS_ONLY:
+            return _recorded_outputs(gm, args)
         if not _ACTIVE_TRACKERS:
             return forward(args)
         with _ACTIVE_TRACKERS[-1].program(id(gm)):
@@ -184,6 +190,31 @@ def _run_graph(gm, example_inputs):
 
     run._boxed_call = True
     return run
+
+
+def _recorded_outputs(gm, args: list) -> list:
+    """A compiled program's outputs as its graph records them (size, stride,
+    storage offset, dtype, device), made in the inputs' fake mode without
+    running its ops: all the planner's first step needs of them."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode(args)
+    if fake_mode is None:
+        raise RuntimeError("planner: a compiled program got real tensors in its first step")
+    (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    args.clear()  # a boxed program owns its inputs, as when it runs
+
+    def make(node):
+        val = node.meta["val"] if isinstance(node, torch.fx.Node) else node
+        if not isinstance(val, torch.Tensor):
+            return val
+        extent = val.storage_offset() + 1 + sum(
+            (n - 1) * st for n, st in zip(val.shape, val.stride()) if n > 0)
+        with fake_mode:
+            flat = torch.empty(extent if val.numel() else 0, dtype=val.dtype, device=val.device)
+            return flat.as_strided(val.shape, val.stride(), val.storage_offset())
+
+    return [make(n) for n in outputs]
 
 
 def _aot_settings() -> dict:
@@ -421,7 +452,11 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     with _fast_tracing():
         trainer.step = 1
         trainer.gradient_accumulation_steps = 1
-        trainer.train_step(data)
+        _OUTPUTS_ONLY.append(True)
+        try:
+            trainer.train_step(data)
+        finally:
+            _OUTPUTS_ONLY.clear()
         state = state_bytes(trainer)
         trainer.step = 2
         trainer.gradient_accumulation_steps = min(accumulation, 2)
