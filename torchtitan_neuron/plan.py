@@ -11,9 +11,11 @@ communication. It then runs two real training steps: the SimpleFSDP jit graph
 compiled through AOTAutograd with the min-cut partitioner (the one aot_eager,
 inductor and neuron use in torch 2.14), run op by op with each value dropped
 after its last use; its activation checkpointing and TP layout; the real
-loss, gradient clipping and the real optimizer. It follows every tensor
-storage of the second step from the op that creates it until it is freed,
-at the dtypes the run would use.
+loss, gradient clipping and the real optimizer. The first step compiles
+and creates the gradients and optimizer state; its compiled programs return
+outputs of the recorded shapes without running their ops. It follows every
+tensor storage of the second step from the op that creates it until it is
+freed, at the dtypes the run would use.
 
 What it counts, per rank:
 
