@@ -241,7 +241,7 @@ def _register_plan_backend() -> str:
     return name
 
 
-def _clip_traced_by_aot(clip):
+def _clip_traced_by_aot(clip, dynamo_clip):
     """Gradient clipping as the planner compiles it: the same function
     (torchtitan's ``clip_grad_norm_``), traced by AOTAutograd with the plan
     backend's settings, without Dynamo's capture in front.
@@ -250,8 +250,10 @@ def _clip_traced_by_aot(clip):
     values and no graph breaks, and its only tensor inputs are the gradients
     (the parameters are read for their ``.grad``). Its capture is what costs:
     a fake copy and guards for each of the 2 x 291 DTensors of the 8B model.
-    The forward graph is the same op for op (compared on the debug Llama and
-    DeepSeek recipes: only node names differ).
+    The graph is the same, op for op and name for name (compared on the debug
+    Llama and DeepSeek recipes). With pipeline stages (an all-reduce of the
+    norm across them) or expert parallelism (which reads each parameter's
+    mesh), ``dynamo_clip``, compiled as the run compiles it, is used instead.
     """
     from types import SimpleNamespace
 
@@ -260,6 +262,8 @@ def _clip_traced_by_aot(clip):
     compiled = {}
 
     def clip_grads(parameters, max_norm, **kwargs):
+        if kwargs.get("pp_mesh") is not None or kwargs.get("ep_enabled"):
+            return dynamo_clip(parameters, max_norm, **kwargs)
         grads = [p.grad for p in parameters if p.grad is not None]
         key = (len(grads), max_norm, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
         if key not in compiled:
@@ -443,7 +447,10 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     if config.compile.enable and GRAD_CLIP_COMPONENT in config.compile.components:
         import torchtitan.distributed.utils as dist_utils
 
-        trainer._clip_then_check = trainer._guarded(_clip_traced_by_aot(dist_utils.clip_grad_norm_))
+        from torchtitan_neuron.trainer import compile_grad_clip
+
+        trainer._clip_then_check = trainer._guarded(_clip_traced_by_aot(
+            dist_utils.clip_grad_norm_, compile_grad_clip(config.compile.backend)))
     trainer.metrics_processor.should_log = lambda step: False
     instrument(trainer, tracker)
     # Step 1 compiles and creates gradients and optimizer state; one
