@@ -52,11 +52,13 @@ from __future__ import annotations
 
 import gc
 
-# torchtitan's trainer turns automatic garbage collection off when it is
-# built; the planner turns it off from the start, so that importing torch
-# and torchtitan (over a thousand collections, about a second here) does not
-# pay for it either.
-gc.disable()
+if __name__ == "__main__":
+    # torchtitan's trainer turns automatic garbage collection off when it is
+    # built; the planner's process turns it off from the start, so that
+    # importing torch and torchtitan (over a thousand collections, about a
+    # second here) does not pay for it either. Importing this module (the
+    # tests do) leaves the collector alone.
+    gc.disable()
 
 import argparse
 import contextlib
@@ -406,7 +408,6 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
 
     from torchtitan_neuron import platform
     from torchtitan_neuron.models.experts import EXPERT_KERNEL_ENV
-    from torchtitan_neuron.trainer import GRAD_CLIP_COMPONENT
 
     platform.install()
     # FakeTensors have no token counts for the per-expert loop to split on;
@@ -444,13 +445,11 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     # is too; the step itself runs outside the fake mode, so the little it
     # reads back (the count of valid tokens) comes from the real token batch.
     trainer._planning = True
-    if config.compile.enable and GRAD_CLIP_COMPONENT in config.compile.components:
+    if trainer.compiled_clip is not None:
         import torchtitan.distributed.utils as dist_utils
 
-        from torchtitan_neuron.trainer import compile_grad_clip
-
-        trainer._clip_then_check = trainer._guarded(_clip_traced_by_aot(
-            dist_utils.clip_grad_norm_, compile_grad_clip(config.compile.backend)))
+        trainer._clip_then_check = trainer._guarded(
+            _clip_traced_by_aot(dist_utils.clip_grad_norm_, trainer.compiled_clip))
     trainer.metrics_processor.should_log = lambda step: False
     instrument(trainer, tracker)
     # Step 1 compiles and creates gradients and optimizer state; one

@@ -160,11 +160,13 @@ class _NeuronTrainerMixin:
         _force_sum_reductions_on_gloo(self.model_parts)
         make_saves_atomic(self.checkpointer)
         compile_config = self.config.compile
-        clip = dist_utils.clip_grad_norm_
+        # torch.compile'd clipping when ``grad_clip`` is a compile component
+        # (the memory planner swaps in its own tracing of the same function).
+        self.compiled_clip = None
         if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:
-            clip = compile_grad_clip(compile_config.backend)
+            self.compiled_clip = compile_grad_clip(compile_config.backend)
             logger.info("Compiling gradient-norm clipping with torch.compile")
-        self._clip_then_check = self._guarded(clip)
+        self._clip_then_check = self._guarded(self.compiled_clip or dist_utils.clip_grad_norm_)
         self._step_loss: torch.Tensor | None = None
         self._step_line_suffix = _StepLineSuffix(
             f"  grad_accum: {self.gradient_accumulation_steps}"
