@@ -26,7 +26,7 @@ import dataclasses
 import pytest
 import torch
 
-from torchtitan_neuron.models.documents import (
+from torchtitan_neuron.components.documents import (
     BlockCausalAttention,
     ModelOptions,
     apply_model_options,

@@ -26,8 +26,8 @@ from torchtitan.models.common.moe import MoE
 from torchtitan_neuron.models.deepseek_v3.config_registry import (
     deepseek_v3_debugmodel_neuron_tp2_fsdp2,
 )
-from torchtitan_neuron.models.experts import LocalExperts
-from torchtitan_neuron.models.moe import (
+from torchtitan_neuron.components.experts import LocalExperts
+from torchtitan_neuron.components.moe import (
     CountOnceMoE,
     load_imbalance,
     update_expert_bias,

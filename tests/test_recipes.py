@@ -17,8 +17,8 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.attention import ScaledDotProductAttention
 
-from torchtitan_neuron.models.experts import LocalExperts
-from torchtitan_neuron.models.moe import register_load_balancing_hook
+from torchtitan_neuron.components.experts import LocalExperts
+from torchtitan_neuron.components.moe import register_load_balancing_hook
 from torchtitan_neuron.trainer import NeuronGraphTrainer, NeuronTrainer
 
 GRAPH_LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"

@@ -13,7 +13,7 @@ import torch
 
 from torchtitan.models.common.rope import ComplexRoPE, CosSinRoPE
 
-from torchtitan_neuron.models.rope import with_prefix_cache_rope
+from torchtitan_neuron.components.rope import with_prefix_cache_rope
 
 B, S, H, D = 3, 16, 2, 8
 

@@ -407,7 +407,7 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtitan_neuron import platform
-    from torchtitan_neuron.models.experts import EXPERT_KERNEL_ENV
+    from torchtitan_neuron.components.experts import EXPERT_KERNEL_ENV
 
     platform.install()
     # FakeTensors have no token counts for the per-expert loop to split on;

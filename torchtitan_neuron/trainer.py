@@ -37,7 +37,7 @@ from torchtitan_neuron.memory import (
     sharded_state_bytes,
     state_bytes,
 )
-from torchtitan_neuron.models.documents import (
+from torchtitan_neuron.components.documents import (
     ModelOptions,
     apply_model_options,
     block_causal_mask,
@@ -45,7 +45,7 @@ from torchtitan_neuron.models.documents import (
     document_positions,
     document_starts,
 )
-from torchtitan_neuron.models.moe import expert_balance_stats
+from torchtitan_neuron.components.moe import expert_balance_stats
 
 GRAD_CLIP_COMPONENT = "grad_clip"
 # Set to a step number to measure that step's tensor memory on the real

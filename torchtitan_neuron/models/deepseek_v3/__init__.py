@@ -10,8 +10,8 @@ from torchtitan.models.deepseek_v3 import model_registry as deepseek_v3_model_re
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.common import neuron_model_spec
-from torchtitan_neuron.models.moe import register_load_balancing_hook
+from torchtitan_neuron.components.model_config import neuron_model_spec
+from torchtitan_neuron.components.moe import register_load_balancing_hook
 
 
 def model_registry(

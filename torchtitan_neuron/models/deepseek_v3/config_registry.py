@@ -11,7 +11,7 @@ from torchtitan.models.deepseek_v3.config_registry import (
 )
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron.models.experts import ExpertKernelConverter
+from torchtitan_neuron.components.experts import ExpertKernelConverter
 from torchtitan_neuron.models.recipes import neuron_trainer_config
 from torchtitan_neuron.trainer import NeuronTrainer
 

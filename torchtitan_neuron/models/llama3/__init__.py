@@ -7,7 +7,7 @@ from torchtitan.models.llama3 import llama3_configs
 from torchtitan.models.llama3 import model_registry as llama3_model_registry
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.common import neuron_model_spec
+from torchtitan_neuron.components.model_config import neuron_model_spec
 
 
 def model_registry(flavor: str, attn_backend: str = "sdpa") -> ModelSpec:

@@ -7,7 +7,7 @@ from torchtitan.models.qwen3 import model_registry as qwen3_model_registry
 from torchtitan.models.qwen3 import qwen3_configs
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.common import neuron_model_spec
+from torchtitan_neuron.components.model_config import neuron_model_spec
 
 
 def model_registry(flavor: str, attn_backend: str = "sdpa") -> ModelSpec:

@@ -10,7 +10,7 @@ from torchtitan.experiments.graph_trainer.deepseek_v3 import (
 )
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.moe import register_load_balancing_hook
+from torchtitan_neuron.components.moe import register_load_balancing_hook
 
 from ..parallelize import parallelize_deepseekv3
 

@@ -11,7 +11,7 @@ from torchtitan.experiments.graph_trainer.llama3 import (
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.models.common import neuron_decoder_config
+from torchtitan_neuron.components.model_config import neuron_decoder_config
 
 from ..parallelize import parallelize_llama
 
