@@ -12,7 +12,6 @@ while keeping the biases mean-centred.
 Run: .venv/bin/python -m pytest tests/test_moe.py -q
 """
 
-from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
@@ -23,14 +22,15 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.moe import MoE
 
-from torchtitan_neuron.models.deepseek_v3.config_registry import (
-    deepseek_v3_debugmodel_neuron_tp2_fsdp2,
-)
 from torchtitan_neuron.components.experts import LocalExperts
 from torchtitan_neuron.components.moe import (
     CountOnceMoE,
     load_imbalance,
     update_expert_bias,
+)
+from torchtitan_neuron.config_utils import promote
+from torchtitan_neuron.models.deepseek_v3.config_registry import (
+    deepseek_v3_debugmodel_neuron_tp2_fsdp2,
 )
 
 D, HID, E = 32, 24, 6
@@ -140,7 +140,7 @@ def test_counts_are_the_same_with_and_without_ac(compiled):
 def test_upstream_moe_double_counts_under_eager_full_ac():
     # Why CountOnceMoE exists: the same step with torchtitan's MoE.
     config = _debug_moe_config()
-    upstream = MoE.Config(**{f.name: getattr(config, f.name) for f in fields(MoE.Config)})
+    upstream = promote(config, MoE.Config)
     counts_plain = _counts_after_step(upstream, AC_WRAPPERS["none"])
     counts_full = _counts_after_step(upstream, lambda m: checkpoint_wrapper(m))
     torch.testing.assert_close(counts_full, 2 * counts_plain, rtol=0, atol=0)

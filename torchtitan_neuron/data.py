@@ -37,6 +37,8 @@ from torchtitan.hf_datasets.text_datasets import (
 )
 from torchtitan.tools.logging import logger
 
+from torchtitan_neuron.config_utils import promote
+
 STATE_KEY = "global_stream"
 
 
@@ -222,8 +224,4 @@ def layout_invariant(dataloader_config: BaseDataLoader.Config) -> BaseDataLoader
     the same settings; any other loader is returned unchanged."""
     if type(dataloader_config) is not HuggingFaceTextDataLoader.Config:
         return dataloader_config
-    from dataclasses import fields
-
-    return LayoutInvariantTextDataLoader.Config(
-        **{f.name: getattr(dataloader_config, f.name) for f in fields(dataloader_config)}
-    )
+    return promote(dataloader_config, LayoutInvariantTextDataLoader.Config)

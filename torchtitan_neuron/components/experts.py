@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -29,6 +29,7 @@ from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.tools.logging import logger
 
 from torchtitan_neuron import platform
+from torchtitan_neuron.config_utils import promote
 
 ExpertImplementation = Literal["auto", "grouped_mm", "loop"]
 
@@ -155,9 +156,9 @@ class ExpertKernelConverter(ModelConfigConverter):
             moe = getattr(layer, "moe", None)
             if moe is None:
                 continue
-            inner = moe.routed_experts.inner_experts
-            values = {f.name: getattr(inner, f.name) for f in fields(GroupedExperts.Config)}
-            moe.routed_experts.inner_experts = LocalExperts.Config(
-                **values, implementation=self.config.implementation
+            moe.routed_experts.inner_experts = promote(
+                moe.routed_experts.inner_experts,
+                LocalExperts.Config,
+                implementation=self.config.implementation,
             )
         return model_config

@@ -13,12 +13,14 @@ expert over the step, which the trainer prints every logged step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from torchtitan.models.common.moe import MoE
+
+from torchtitan_neuron.config_utils import promote
 
 
 def _in_eager_recompute() -> bool:
@@ -66,9 +68,7 @@ def convert_moe_layers(model_config) -> None:
     for layer in model_config.layers:
         moe = getattr(layer, "moe", None)
         if moe is not None and not isinstance(moe, CountOnceMoE.Config):
-            layer.moe = CountOnceMoE.Config(
-                **{f.name: getattr(moe, f.name) for f in fields(moe)}
-            )
+            layer.moe = promote(moe, CountOnceMoE.Config)
 
 
 def moe_layers(model_parts: list[nn.Module]) -> list[MoE]:

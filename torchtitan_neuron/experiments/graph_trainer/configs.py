@@ -8,7 +8,6 @@ and torchtitan's text loader replaced by the layout-invariant one
 """
 
 from collections.abc import Callable
-from dataclasses import fields
 
 from torchtitan.config import CompileConfig
 from torchtitan.experiments.graph_trainer.configs import (
@@ -18,6 +17,7 @@ from torchtitan.experiments.graph_trainer.configs import (
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
+from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
 from torchtitan_neuron.trainer import NeuronGraphTrainer
 
@@ -30,15 +30,12 @@ def neuron_simple_fsdp(
 ) -> NeuronGraphTrainer.Config:
     """Convert ``base`` to a SimpleFSDP GraphTrainer recipe in jit mode."""
     compile_config: CompileConfig = base.compile
-    # A Neuron plain recipe carries this project's ``model`` options, which
+    # A base that is already a Neuron recipe carries this project's ``model`` options, which
     # upstream's converter does not know: convert the Trainer fields, then
     # carry the options over.
     options = getattr(base, "model", None)
     if options is not None:
-        trainer_fields = {f.name for f in fields(Trainer.Config)}
-        base = Trainer.Config(
-            **{f.name: getattr(base, f.name) for f in fields(base) if f.name in trainer_fields}
-        )
+        base = promote(base, Trainer.Config, drop=["model"])
     graph_config = to_graph_trainer_config(base, model_registry)
     # to_graph_trainer_config replaces any AC with SelectiveAC because upstream
     # applies graph-level policies only in aot_fx_trace; in jit mode this
@@ -52,9 +49,7 @@ def neuron_simple_fsdp(
         backend=compile_config.backend,
         mode="jit",
     )
-    config = NeuronGraphTrainer.Config(
-        **{f.name: getattr(graph_config, f.name) for f in fields(graph_config)}
-    )
+    config = promote(graph_config, NeuronGraphTrainer.Config)
     if options is not None:
         config.model = options
     return config
