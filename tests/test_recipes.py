@@ -5,7 +5,8 @@ Proves: each recipe parses with ``--module <fully qualified path> --config <name
 and resolves its layout at NGPU=64 (FSDP64 for Llama, TP4 x FSDP16 with the
 tutorial's overrides); SimpleFSDP recipes are jit-only with SDPA, the
 prefix-cache rotary path and compiled model/loss/grad_clip on the neuron
-backend; ``--compile.mode`` other than jit is refused at parse time.
+backend; ``--compile.mode`` other than jit is refused at parse time;
+``promote`` carries every field and loses none without being told to.
 
 Run: .venv/bin/python -m pytest tests/test_recipes.py -q
 """
@@ -16,9 +17,11 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.trainer import Trainer
 
 from torchtitan_neuron.components.experts import LocalExperts
 from torchtitan_neuron.components.moe import register_load_balancing_hook
+from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.trainer import NeuronGraphTrainer, NeuronTrainer
 
 GRAPH_LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
@@ -150,3 +153,15 @@ def test_tp_recipes(module, name, world, layout, ac_type):
         local = config.training.local_batch_size
         assert config.training.global_batch_size == 64
         assert 64 % (local * dims.dp_shard) == 0
+
+
+def test_promote_carries_every_field_and_loses_none_unasked():
+    config = parse(PLAIN_LLAMA, "llama3_debugmodel_neuron")
+    with pytest.raises(TypeError, match="Trainer.Config has no field model"):
+        promote(config, Trainer.Config)
+    plain = promote(config, Trainer.Config, drop=["model"])
+    again = promote(plain, NeuronTrainer.Config, model=config.model)
+    assert type(plain) is Trainer.Config and type(again) is NeuronTrainer.Config
+    # The same objects, not copies: a recipe's later edits reach the result.
+    assert again.model_spec is config.model_spec and again.model is config.model
+    assert again == config
