@@ -111,7 +111,8 @@ def test_models_holds_only_recipe_modules():
         f"{name}/{leaf}" for name in packages for leaf in ("__init__.py", "config_registry.py")
     }
     assert files == expected, (
-        f"models/ holds recipes only; move building blocks to components/: {sorted(files ^ expected)}"
+        "models/ holds recipes only; move building blocks to components/: "
+        f"{sorted(files ^ expected)}"
     )
 
 

@@ -30,9 +30,9 @@ def neuron_simple_fsdp(
 ) -> NeuronGraphTrainer.Config:
     """Convert ``base`` to a SimpleFSDP GraphTrainer recipe in jit mode."""
     compile_config: CompileConfig = base.compile
-    # A base that is already a Neuron recipe carries this project's ``model`` options, which
-    # upstream's converter does not know: convert the Trainer fields, then
-    # carry the options over.
+    # A base that is already a Neuron recipe carries this project's ``model``
+    # options, which upstream's converter does not know: convert the Trainer
+    # fields, then carry the options over.
     options = getattr(base, "model", None)
     if options is not None:
         base = promote(base, Trainer.Config, drop=["model"])
