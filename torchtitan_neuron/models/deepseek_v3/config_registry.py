@@ -1,8 +1,8 @@
 """Plain-FSDP DeepSeek-V3 recipes for Neuron (torchtitan's Trainer).
 
-``neuron_deepseek_v3_layout`` is the layout every Neuron DeepSeek recipe,
-plain and SimpleFSDP, starts from; the model (expert-kernel conversion,
-load-balancing hook) comes from each module's ``model_registry``.
+``deepseek_v3_16b_neuron_tp4_fsdp16`` is the recipe the SimpleFSDP DeepSeek
+recipes derive from: the TP4 layout, the expert-kernel conversion and the
+expert load-balancing hook come from here.
 """
 
 from torchtitan.models.deepseek_v3.config_registry import (
@@ -18,25 +18,15 @@ from torchtitan_neuron.trainer import NeuronTrainer
 from . import model_registry
 
 
-def neuron_deepseek_v3_layout(
-    base: Trainer.Config, *, tp: int, global_batch_size: int
-) -> Trainer.Config:
-    """``base`` with TP pinned to ``tp``, ``global_batch_size`` sequences a
-    step and the bundled tokenizer as its asset path."""
-    # Experts are sharded by TP and SimpleFSDP, not by expert parallelism.
-    base.parallelism.expert_parallel_degree = 1
-    base.parallelism.tensor_parallel_degree = tp
-    base.training.global_batch_size = global_batch_size
-    base.hf_assets_path = "./tests/assets/tokenizer"
-    return base
-
-
 def _neuron_deepseek_v3_config(
     base: Trainer.Config, *, tp: int, global_batch_size: int
 ) -> NeuronTrainer.Config:
-    base = neuron_deepseek_v3_layout(base, tp=tp, global_batch_size=global_batch_size)
     spec = model_registry(base.model_spec.flavor, converters=[ExpertKernelConverter.Config()])
-    return neuron_trainer_config(base, spec)
+    # Experts are sharded by TP and SimpleFSDP, not by expert parallelism.
+    base.parallelism.expert_parallel_degree = 1
+    base.training.global_batch_size = global_batch_size
+    base.hf_assets_path = "./tests/assets/tokenizer"
+    return neuron_trainer_config(base, spec, tp=tp)
 
 
 def cpu_rehearsal_deepseek_v3_debugmodel() -> Trainer.Config:
