@@ -45,6 +45,10 @@ RECIPE_MODULES = (
 
 EXIT_USAGE = 2
 
+# torchtitan's --comm.mode values that run every rank in one process, on fake
+# process groups (run_train.sh's COMM_MODE=fake_backend / local_tensor).
+SIMULATED_COMM_MODES = ("fake_backend", "local_tensor")
+
 
 class PreflightError(Exception):
     """A run that cannot work, with what to change."""
@@ -419,10 +423,14 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
         check_endpoint(os.environ.get("RDZV_ENDPOINT", ""))
     config = ConfigManager().parse_args(argv)
     notes = []
-    name = platform.detect().name
-    note = check_ngpu(ngpu, name, platform.device_count(name))
-    if note:
-        notes.append(note)
+    if config.comm.mode in SIMULATED_COMM_MODES:
+        # One process simulates the NGPU ranks: no device per rank is needed.
+        check_ngpu(ngpu, "cpu", None, cpu_cores=ngpu)
+    else:
+        name = platform.detect().name
+        note = check_ngpu(ngpu, name, platform.device_count(name))
+        if note:
+            notes.append(note)
     check_layout(config, ngpu, nnodes)
     check_tokenizer(config)
     check_dataset(config)
