@@ -5,8 +5,17 @@
 #   MODULE    recipe module, fully qualified; default the SimpleFSDP Llama module
 #   CONFIG    recipe name in that module; default the CPU rehearsal recipe
 #   LOG_RANK  ranks whose output is shown (torchrun --local-ranks-filter); default 0
-#   COMM_MODE plan: print the memory plan for one of NGPU ranks instead of
-#             training (python -m torchtitan_neuron.plan; add --target, --sweep)
+#   COMM_MODE unset: a real run of NGPU ranks under torchrun. Otherwise one of
+#             plan: print the memory plan for one of NGPU ranks instead of
+#               training (python -m torchtitan_neuron.plan; add --target, --sweep)
+#             fake_backend: torchtitan's dry run, as upstream's run_train.sh
+#               does it: one process, no torchrun, fake process groups of NGPU
+#               ranks (RANK picks the rank simulated, default 0); builds the
+#               model at that layout and runs one step (--training.steps 1,
+#               which later arguments override). Losses are not meaningful.
+#             local_tensor: torchtitan's LocalTensor mode, one process; in
+#               torchtitan 0.3.0 it parses the config and stops before training.
+#             Any other value is refused (exit 2).
 #   PREFLIGHT 0: skip the one-process config check (about 8 s of CPU) for a
 #             config already checked, e.g. the same run launched again
 #
@@ -36,8 +45,29 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 
-if [ "${COMM_MODE:-}" = "plan" ]; then
+COMM_MODE=${COMM_MODE:-}
+case "$COMM_MODE" in
+    ""|plan|fake_backend|local_tensor) ;;
+    *)
+        echo "Error: COMM_MODE=$COMM_MODE is not a mode of this launcher. Leave" \
+             "COMM_MODE unset for a real run, or set it to plan, fake_backend or" \
+             "local_tensor." >&2
+        exit 2 ;;
+esac
+
+if [ "$COMM_MODE" = "plan" ]; then
     exec "$PYTHON" -m torchtitan_neuron.plan --module "$MODULE" --config "$CONFIG" --ngpu "$NGPU" "$@"
+fi
+
+if [ "$COMM_MODE" = "fake_backend" ] || [ "$COMM_MODE" = "local_tensor" ]; then
+    # torchtitan reads the simulated world size from NGPU (and rank from RANK).
+    # The fixed options come before "$@" so the caller's flags win.
+    DRY_RUN=(--module "$MODULE" --config "$CONFIG" --comm.mode="$COMM_MODE" --training.steps 1 "$@")
+    if [ "${PREFLIGHT:-1}" != 0 ]; then
+        "$PYTHON" -m torchtitan_neuron.preflight --ngpu "$NGPU" "${DRY_RUN[@]}"
+    fi
+    echo "torchtitan_neuron: COMM_MODE=$COMM_MODE, one process simulating $NGPU ranks" >&2
+    NGPU="$NGPU" LOCAL_RANK=0 exec "$PYTHON" -m torchtitan_neuron.train "${DRY_RUN[@]}"
 fi
 
 export NNODES=${NNODES:-1}

@@ -111,6 +111,32 @@ def test_layout_arithmetic_is_refused_with_the_numbers():
     assert layout == {"tp": 4, "dp_shard": 32, "dp": 32}
 
 
+@pytest.mark.parametrize("overrides, ngpu", [
+    (("--parallelism.data_parallel_shard_degree", "0"), 2),
+    (("--parallelism.expert_parallel_degree", "0"), 2),
+    (("--parallelism.context_parallel_degree", "4"), 2),
+    (("--parallelism.tensor_parallel_degree", "2"), 3),
+    (("--parallelism.data_parallel_replicate_degree", "2",
+      "--parallelism.data_parallel_shard_degree", "2"), 4),
+])
+def test_layout_is_refused_exactly_where_torchtitan_refuses_it(overrides, ngpu):
+    """The degrees are validated by torchtitan's own ParallelDims: preflight
+    refuses what it refuses (naming the flag) and passes what it passes."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    config = _config(*overrides)
+    try:
+        ParallelDims.from_config(config.parallelism, ngpu)
+        upstream_refuses = False
+    except AssertionError:
+        upstream_refuses = True
+    if upstream_refuses:
+        msg = _message(preflight.check_layout, config, ngpu)
+        assert overrides[0] in msg or f"NGPU={ngpu}" in msg, msg
+    else:
+        assert preflight.check_layout(config, ngpu)["dp"] >= 1
+
+
 def test_missing_tokenizer_is_named_with_the_fix(tmp_path):
     msg = _message(preflight.check_tokenizer, _config(f"--hf_assets_path={tmp_path / 'gone'}"))
     assert "no such folder" in msg and "scripts/download_hf_assets.py" in msg

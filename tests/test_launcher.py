@@ -7,6 +7,9 @@ Ctrl-C on the launcher
 (every rank gone within 5 s, exit code 130, no process left) is checked where
 test_correctness.py interrupts a checkpointing run. A rank that crashes
 mid-run stops the others within 30 s, and its error is the first printed.
+COMM_MODE=fake_backend is torchtitan's one-process dry run of the NGPU-rank
+layout (one step, exit 0); an unknown COMM_MODE is refused with the accepted
+values, exit 2.
 
 Run: .venv/bin/python -m pytest tests/test_launcher.py -q
 """
@@ -80,3 +83,22 @@ def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
     errors = [l for l in output.splitlines() if "Error" in l or "failed first" in l]
     assert "rank 1 failed first: RuntimeError: injected failure on rank 1 at step 3" in errors[0]
     assert "train_crashing_rank.py:" in errors[0]
+
+
+def test_fake_backend_dry_run_simulates_the_ranks_in_one_process(run, dump_folder):
+    result = run(FAST, ngpu=4, env={"COMM_MODE": "fake_backend"},
+                 dump_folder=dump_folder, preflight=True)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "COMM_MODE=fake_backend, one process simulating 4 ranks" in result.output
+    # The layout is the 4-rank one: local batch 2 x 4 data-parallel ranks.
+    assert "global batch size 8" in result.output
+    assert [s.step for s in result.steps] == [1]
+    assert "torch.distributed.run" not in result.output
+
+
+def test_unknown_comm_mode_is_refused_with_the_accepted_values(run):
+    result = run(FAST, env={"COMM_MODE": "fake"})
+    assert result.returncode == 2
+    assert "COMM_MODE=fake is not a mode of this launcher" in result.output
+    assert "plan, fake_backend or local_tensor" in result.output
+    assert "Training starts" not in result.output

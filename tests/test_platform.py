@@ -134,3 +134,17 @@ def test_each_rank_gets_its_own_compile_cache(monkeypatch, tmp_path):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
     monkeypatch.delenv("RANK")
     assert platform.per_rank_compile_cache() is None
+
+
+def test_cpu_device_module_is_torch_cpu_plus_what_it_lacks():
+    dev = platform.CpuDeviceModule
+    for name in platform.TORCH_CPU_DELEGATES:
+        assert getattr(dev, name) is getattr(torch.cpu, name), name
+    assert dev.is_available() and dev.device_count() == 1
+    dev.set_device(torch.device("cpu"))
+    dev.synchronize()
+    with dev.stream(dev.current_stream()):
+        pass
+    # An index, as torch.device(device_type, index) and barrier(device_ids=...) need.
+    assert torch.device("cpu", dev.current_device()).type == "cpu"
+    assert dev.get_device_properties().total_memory > 0

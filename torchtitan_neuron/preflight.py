@@ -14,7 +14,8 @@ as a hang):
 - ``NGPU`` above the NeuronCores or GPUs present (the tutorial's hang); on
   CPU more ranks than cores run, with a one-line note;
 - layout arithmetic that cannot work: parallel degrees that do not divide
-  ``NGPU``, a sequence length the tensor-parallel degree does not divide, a
+  ``NGPU`` (torchtitan's own ``ParallelDims`` decides; its asserts are
+  translated into the flags to change), a sequence length the tensor-parallel degree does not divide, a
   global batch that is not a multiple of local batch x data-parallel degree;
 - tokenizer files that are not there;
 - a dataset that cannot be read: a hub dataset (``c4``) with no network, a
@@ -43,6 +44,10 @@ RECIPE_MODULES = (
 )
 
 EXIT_USAGE = 2
+
+# torchtitan's --comm.mode values that run every rank in one process, on fake
+# process groups (run_train.sh's COMM_MODE=fake_backend / local_tensor).
+SIMULATED_COMM_MODES = ("fake_backend", "local_tensor")
 
 
 class PreflightError(Exception):
@@ -162,61 +167,96 @@ def check_ngpu(ngpu: int, platform_name: str, devices: int | None,
     return None
 
 
-def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
-    """The parallel degrees, sequence length and batch sizes fit NGPU ranks.
-    Returns the resolved layout. ``ngpu`` is ranks per node; the layout
-    spans ``ngpu x nnodes``."""
-    world = ngpu * nnodes
-    who = f"NGPU={ngpu}" if nnodes == 1 else f"NGPU={ngpu} x NNODES={nnodes} = {world} ranks"
-    p, t = config.parallelism, config.training
-    fixed = {
-        "--parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
-        "--parallelism.context_parallel_degree": p.context_parallel_degree,
-        "--parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
-        "--parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
+# torchtitan's ParallelDims names each degree by its field; these are the
+# flags that set them.
+_DEGREE_FLAGS = {
+    "dp_replicate": "--parallelism.data_parallel_replicate_degree",
+    "cp": "--parallelism.context_parallel_degree",
+    "tp": "--parallelism.tensor_parallel_degree",
+    "pp": "--parallelism.pipeline_parallel_degree",
+    "ep": "--parallelism.expert_parallel_degree",
+}
+# The degrees whose product, with dp_shard, must be the number of ranks.
+_MESH_DEGREES = ("dp_replicate", "cp", "tp", "pp")
+
+
+def _translate_parallel_dims(p, world: int, who: str, exc: AssertionError) -> PreflightError:
+    """torchtitan's ParallelDims refused the degrees (an assert with its own
+    field names): say which flag is wrong and what to set instead."""
+    degrees = {
+        "dp_replicate": p.data_parallel_replicate_degree,
+        "cp": p.context_parallel_degree,
+        "tp": p.tensor_parallel_degree,
+        "pp": p.pipeline_parallel_degree,
+        "ep": p.expert_parallel_degree,
     }
-    for flag, degree in fixed.items():
+    for name, degree in degrees.items():
         if degree < 1:
-            raise PreflightError(f"{flag} {degree}: a parallel degree is at least 1.")
-    product = 1
-    for degree in fixed.values():
-        product *= degree
-    named = " x ".join(f"{flag} {d}" for flag, d in fixed.items() if d > 1) or "1"
-    dp_shard = p.data_parallel_shard_degree
-    if dp_shard == -1 or dp_shard == 0:
-        if world % product:
-            raise PreflightError(
-                f"{who} is not divisible by {named} = {product}: the "
-                "data-parallel shard degree (-1, the rest) would not be whole. "
-                f"Use NGPU a multiple of {product}, or degrees whose product "
-                f"divides {world}."
+            return PreflightError(
+                f"{_DEGREE_FLAGS[name]} {degree}: a parallel degree is at least 1."
             )
-        dp_shard = world // product
-    elif dp_shard < 1:
-        raise PreflightError(
+    dp_shard = p.data_parallel_shard_degree
+    if dp_shard != -1 and dp_shard < 1:
+        return PreflightError(
             f"--parallelism.data_parallel_shard_degree {dp_shard}: use -1 (every "
             "rank the other degrees leave) or a degree of at least 1."
         )
-    elif product * dp_shard != world:
-        raise PreflightError(
+    product = 1
+    for name in _MESH_DEGREES:
+        product *= degrees[name]
+    named = " x ".join(f"{_DEGREE_FLAGS[n]} {degrees[n]}" for n in _MESH_DEGREES
+                       if degrees[n] > 1) or "1"
+    if dp_shard == -1:
+        return PreflightError(
+            f"{who} is not divisible by {named} = {product}: the "
+            "data-parallel shard degree (-1, the rest) would not be whole. "
+            f"Use NGPU a multiple of {product}, or degrees whose product "
+            f"divides {world}."
+        )
+    if product * dp_shard != world:
+        return PreflightError(
             f"{named} x --parallelism.data_parallel_shard_degree {dp_shard} = "
             f"{product * dp_shard} ranks, but {who}. Set "
             "--parallelism.data_parallel_shard_degree=-1 to shard over the rest, "
             f"or NGPU={product * dp_shard}."
         )
-    tp, cp = p.tensor_parallel_degree, p.context_parallel_degree
-    divisor = tp * cp * 2  # torchtitan's ParallelDims.seq_len_divisor
+    # A refusal this translation does not know: upstream's own words.
+    return PreflightError(f"torchtitan's ParallelDims refused the layout for {who}: {exc}")
+
+
+def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
+    """The parallel degrees, sequence length and batch sizes fit NGPU ranks.
+    Returns the resolved layout. ``ngpu`` is ranks per node; the layout
+    spans ``ngpu x nnodes``.
+
+    The degrees are validated by torchtitan's own ``ParallelDims`` (what
+    every rank builds), whose refusals are asserts in its field names; they
+    are translated here into the flags to change.
+    """
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    world = ngpu * nnodes
+    who = f"NGPU={ngpu}" if nnodes == 1 else f"NGPU={ngpu} x NNODES={nnodes} = {world} ranks"
+    p, t = config.parallelism, config.training
+    try:
+        dims = ParallelDims.from_config(p, world)
+    except AssertionError as exc:
+        raise _translate_parallel_dims(p, world, who, exc) from None
+    divisor = dims.seq_len_divisor
+    # Only tensor or context parallelism split a sequence (divisor 2 alone is
+    # the CP load-balancing factor with no CP).
     if divisor > 2 and t.seq_len % divisor:
         fix = -(-t.seq_len // divisor) * divisor
         raise PreflightError(
             f"--training.seq_len {t.seq_len} is not divisible by {divisor} "
-            f"(2 x tensor-parallel degree {tp} x context-parallel degree {cp}: "
+            f"(2 x tensor-parallel degree {dims.tp} x context-parallel degree {dims.cp}: "
             "sequence parallelism splits each sequence across the TP ranks). "
             f"Use --training.seq_len {fix}, or another multiple of {divisor}."
         )
     if t.local_batch_size < 1:
         raise PreflightError(f"--training.local_batch_size {t.local_batch_size}: at least 1.")
-    dp = p.data_parallel_replicate_degree * dp_shard
+    # torchtitan's Trainer asserts this after building the mesh, on every rank.
+    dp = dims.dp_replicate * dims.dp_shard
     per_step = t.local_batch_size * dp
     if t.global_batch_size > 0 and t.global_batch_size % per_step:
         lower = max(per_step, t.global_batch_size // per_step * per_step)
@@ -227,7 +267,7 @@ def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
             f"--training.global_batch_size {lower} or {lower + per_step}, or "
             "another multiple."
         )
-    return {"tp": tp, "dp_shard": dp_shard, "dp": dp}
+    return {"tp": dims.tp, "dp_shard": dims.dp_shard, "dp": dp}
 
 
 def check_tokenizer(config) -> None:
@@ -383,10 +423,14 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
         check_endpoint(os.environ.get("RDZV_ENDPOINT", ""))
     config = ConfigManager().parse_args(argv)
     notes = []
-    name = platform.detect().name
-    note = check_ngpu(ngpu, name, platform.device_count(name))
-    if note:
-        notes.append(note)
+    if config.comm.mode in SIMULATED_COMM_MODES:
+        # One process simulates the NGPU ranks: no device per rank is needed.
+        check_ngpu(ngpu, "cpu", None, cpu_cores=ngpu)
+    else:
+        name = platform.detect().name
+        note = check_ngpu(ngpu, name, platform.device_count(name))
+        if note:
+            notes.append(note)
     check_layout(config, ngpu, nnodes)
     check_tokenizer(config)
     check_dataset(config)

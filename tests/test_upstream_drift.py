@@ -1,0 +1,270 @@
+"""Every patch, wrapper or override of torch or torchtitan notices when upstream moves.
+
+Proves, for each row of docs/upstream-workarounds.md: the upstream code the
+row works around is still the code of the pinned versions (torch 2.14.1,
+torchtitan 0.3.0), by a hash of its source read from the installed file (so
+a patch applied in this process does not hide a change); where the row rests
+on a behaviour (a call torch.cpu lacks, an assert, a missing backend), that
+behaviour still holds. A failure names the row to revisit. It also checks the
+document itself: every row names a drift test that exists, and every row this
+file pins is in the document. In-process, no launches; a few seconds.
+
+Run: .venv/bin/python -m pytest tests/test_upstream_drift.py -q
+"""
+
+import ast
+import hashlib
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "upstream-workarounds.md"
+
+# row of docs/upstream-workarounds.md -> upstream definitions it depends on,
+# as "module:qualified.name" -> the first 16 hex digits of the sha256 of the
+# definition's source in torch 2.14.1 / torchtitan 0.3.0.
+PINNED: dict[str, dict[str, str]] = {
+    "device-globals": {
+        # Falls back to "cuda" when no accelerator is found.
+        "torchtitan.tools.utils:get_device_info": "028417d78046c5ed",
+    },
+    "local-device": {"torchtitan.tools.utils:get_local_device": "a92438941df47aed"},
+    "peak-flops": {"torchtitan.tools.utils:get_peak_flops": "d16671707565ac82"},
+    "dram-bandwidth": {"torch._inductor.utils:get_gpu_dram_gbps": "c08ded76915e06e1"},
+    "compile-cache-per-rank": {
+        "torch._functorch._aot_autograd.autograd_cache:autograd_cache_key": "e9d186a949b04845",
+    },
+    "grad-clip-override": {
+        "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
+        "torchtitan.distributed.utils:clip_grad_norm_": "274e17c85b325b73",
+    },
+    "trainer-data-path": {
+        "torchtitan.trainer:Trainer.post_dataloading_process": "51be1a1136fb496f",
+    },
+    "trainer-step": {
+        "torchtitan.trainer:Trainer.forward_backward_step": "b1f815b9a27e26bd",
+        "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
+        "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.forward_backward_step": "42075c9ebac5d691",
+        "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.train_step": "9bce12a187ca10f4",
+        "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.close": "0855dd5996560490",
+    },
+    "step-line-suffix": {
+        "torchtitan.components.metrics:MetricsProcessor.log": "f903b614bb669ad1",
+        "torchtitan.trainer:Trainer.close": "2cb638f032a60554",
+    },
+    "gloo-force-sum": {
+        "torch.distributed.fsdp._fully_shard._fsdp_collectives:_get_gradient_divide_factors":
+            "6ec54eb2f2b5ccc6",
+    },
+    "jit-only": {
+        # Its mode field: aot_fx_trace by default, jit deprecated.
+        "torchtitan.experiments.graph_trainer.configs:GraphTrainerCompileConfig": "fec4d9dc0f0be94a",
+        "torchtitan.trainer:Trainer.Config.__post_init__": "b1964e81300493a2",
+    },
+    "atomic-saves": {
+        "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save": "4688af5aa781414f",
+    },
+    "layout-invariant-init": {
+        "torchtitan.protocols.module:Module._init_param": "1fb50c1893b486ff",
+        "torchtitan.protocols.model:BaseModel.init_weights": "f743523760725c0a",
+    },
+    "reshard-after-forward": {
+        "torchtitan.experiments.graph_trainer.simple_fsdp:_register_parametrization":
+            "b2aa13e02ff73300",
+    },
+    "sac-cache-hash": {
+        "torch._functorch._aot_autograd.autograd_cache:_get_context_fn_cache_hash":
+            "155b120eea3284a2",
+    },
+    "jit-parallelize": {
+        "torchtitan.experiments.graph_trainer.llama3.parallelize:parallelize_llama":
+            "a54fc2918cc4a730",
+        "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize:parallelize_deepseekv3":
+            "abacee49757594d6",
+    },
+    "keep-base-ac": {
+        "torchtitan.experiments.graph_trainer.configs:to_graph_trainer_config": "43deed158820596a",
+    },
+    "layout-invariant-loader": {
+        "torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataset.__iter__": "e9fc76d957ab13ad",
+        "torchtitan.hf_datasets.text_datasets:_validate_dataset": "de105a6a433cc0e3",
+    },
+    "count-once-moe": {
+        "torchtitan.models.common.moe:MoE.forward": "3b1ec5469987c823",
+        "torchtitan.models.common.moe:MoE._init_self_buffers": "4c4a0ecd4e505785",
+        "torchtitan.components.optimizer.optimizer:register_moe_load_balancing_hook":
+            "c7a067786f9a455e",
+    },
+    "expert-kernel": {
+        "torchtitan.models.common.moe:GroupedExperts.forward": "a964d794b212d5a7",
+        "torchtitan.models.common.moe:GroupedExperts._grouped_mm": "ca33a9db4455b6d7",
+    },
+    "prefix-cache-rope": {"torchtitan.models.common.rope:RoPE.forward": "9856f0d4c06a2b78"},
+    "block-causal": {
+        "torchtitan.models.common.attention:ScaledDotProductAttention.forward":
+            "1b4f80db0606060f",
+    },
+    "sdpa-for-lms": {
+        "torchtitan.models.common.config_utils:get_attention_config": "ccb7e1e5fad5850b",
+    },
+    "recipe-import-errors": {
+        "torchtitan.config.manager:ConfigManager._load_config": "b96fe64ba9a092b0",
+    },
+    "layout-checks": {
+        "torchtitan.distributed.parallel_dims:ParallelDims._validate": "f61f87876767b792",
+        "torchtitan.distributed.parallel_dims:ParallelDims.seq_len_divisor": "bd905a57d3201f66",
+    },
+    "torchrun-wrapper": {
+        "torch.distributed.run:run": "6c6f923a0c2ca410",
+        "torch.distributed.elastic.multiprocessing.errors:ChildFailedError.get_first_failure":
+            "22cf01495552e5fa",
+    },
+    "train-entry": {"torchtitan.train:main": "68b900e7f64a3d85"},
+    "measured-memory-loss": {
+        "torchtitan.trainer:Trainer.forward_backward_step": "b1f815b9a27e26bd",
+    },
+}
+
+
+def upstream_source(target: str) -> str:
+    """The source of ``module:qualified.name`` as the installed file has it.
+
+    Read from the file, not the live attribute: platform.install() and the
+    trainer replace some of these attributes in this process.
+    """
+    module_name, qualname = target.split(":")
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    node = tree
+    for part in qualname.split("."):
+        node = next(
+            (n for n in node.body
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+             and n.name == part),
+            None,
+        )
+        if node is None:
+            raise LookupError(f"{target}: no definition {part!r} in {module_name}")
+    return ast.unparse(node)
+
+
+def source_hash(target: str) -> str:
+    return hashlib.sha256(upstream_source(target).encode()).hexdigest()[:16]
+
+
+_PAIRS = [(row, target, pinned) for row, targets in PINNED.items()
+          for target, pinned in targets.items()]
+
+
+@pytest.mark.parametrize("row, target, pinned", _PAIRS,
+                         ids=[f"{row}-{t.split(':')[1]}" for row, t, _ in _PAIRS])
+def test_upstream_source_is_the_pinned_one(row, target, pinned):
+    try:
+        found = source_hash(target)
+    except (ImportError, LookupError) as exc:
+        pytest.fail(f"{target} is gone ({exc}): revisit row `{row}` of "
+                    "docs/upstream-workarounds.md")
+    assert found == pinned, (
+        f"{target} changed upstream (source hash {found}, pinned {pinned} for "
+        f"torch 2.14.1 / torchtitan 0.3.0): revisit row `{row}` of "
+        "docs/upstream-workarounds.md, then record the new hash here."
+    )
+
+
+def test_torch_cpu_still_lacks_what_the_cpu_device_module_adds():
+    """Row `cpu-device-module`."""
+    from torchtitan_neuron import platform
+
+    grown = [n for n in platform.ADDED_TO_TORCH_CPU if hasattr(torch.cpu, n)]
+    assert not grown, (
+        f"torch.cpu now has {grown}: take them from torch.cpu (TORCH_CPU_DELEGATES) "
+        "and revisit row `cpu-device-module` of docs/upstream-workarounds.md")
+    gone = [n for n in platform.TORCH_CPU_DELEGATES if not hasattr(torch.cpu, n)]
+    assert not gone, f"torch.cpu lost {gone}: revisit row `cpu-device-module`"
+    assert torch.cpu.current_device() == "cpu", (
+        "torch.cpu.current_device() no longer returns 'cpu': revisit row "
+        "`cpu-device-module` (CpuDeviceModule.current_device returns an index)")
+
+
+def test_inductor_copies_of_dram_bandwidth_are_the_ones_patched():
+    """Row `dram-bandwidth`: the modules that import get_gpu_dram_gbps by
+    name are exactly those platform.install() rebinds."""
+    patched = {"torch._inductor.utils", "torch._inductor.scheduler",
+               "torch.utils._runtime_estimation"}
+    root = Path(torch.__file__).parent
+    found = {"torch._inductor.utils"}
+    for sub in ("_inductor", "utils"):
+        for path in (root / sub).rglob("*.py"):
+            text = path.read_text(errors="replace")
+            if "get_gpu_dram_gbps" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ImportFrom) and any(
+                        a.name == "get_gpu_dram_gbps" for a in node.names):
+                    rel = path.relative_to(root.parent).with_suffix("")
+                    found.add(".".join(rel.parts))
+    assert found == patched, (
+        f"modules importing get_gpu_dram_gbps by name: {sorted(found)}; "
+        "revisit row `dram-bandwidth` of docs/upstream-workarounds.md")
+
+
+def test_neuron_is_no_compile_backend_without_torch_neuronx():
+    """Row `neuron-backend`: off Trainium torch.compile has no "neuron"."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        pytest.skip("torch-neuronx is installed: neuron is a real backend here")
+    from torch._dynamo import list_backends
+
+    assert "neuron" not in list_backends(exclude_tags=()), (
+        "torch.compile now knows a 'neuron' backend without torch-neuronx: "
+        "revisit row `neuron-backend` of docs/upstream-workarounds.md")
+
+
+def test_gloo_has_no_premul_sum():
+    """Row `gloo-force-sum`: the reason FSDP must sum then scale on gloo."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    assert hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    store = dist.HashStore()
+    group = dist.ProcessGroupGloo(store, 0, 1)
+    tensor = torch.ones(2)
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = dist._make_nccl_premul_sum(0.5)
+    with pytest.raises(RuntimeError, match="PREMUL_SUM"):
+        group.reduce_scatter([tensor], [[torch.ones(2)]], opts).wait()
+
+
+# ---------------------------------------------------------------------------
+# The document and this file agree.
+
+_TEST_REF = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+
+
+def _rows() -> list[str]:
+    return [line for line in DOC.read_text().splitlines()
+            if line.startswith("|") and not line.startswith(("| File", "|---", "| ---"))]
+
+
+def test_every_row_names_a_drift_test_that_exists():
+    tests = Path(__file__).resolve().parent
+    assert _rows(), f"{DOC} has no rows"
+    for row in _rows():
+        refs = _TEST_REF.findall(row)
+        assert refs, f"a row of {DOC.name} names no test (tests/file.py::test_name): {row[:80]}"
+        for filename, name in refs:
+            path = tests / filename
+            assert path.is_file() and re.search(
+                rf"^def {name}\b", path.read_text(), re.M), (
+                f"{DOC.name} names {filename}::{name}, which does not exist")
+
+
+def test_every_pinned_row_is_in_the_document():
+    text = DOC.read_text()
+    missing = [row for row in [*PINNED, "cpu-device-module", "neuron-backend"]
+               if f"`{row}`" not in text]
+    assert not missing, f"rows pinned here but not in {DOC.name}: {missing}"
