@@ -21,9 +21,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runlog import DEBUG_CONFIG as DEBUG  # noqa: E402
-from runlog import LLAMA_MODULE as LLAMA  # noqa: E402
-from runlog import Run, ctrl_c, free_port, run_command, torchrun, train_env  # noqa: E402
+from runlog import (DEBUG_CONFIG as DEBUG, LLAMA_MODULE as LLAMA, Run,  # noqa: E402
+                    ctrl_c, free_port, run_command, torchrun, train_env)
 
 DATA = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer"]
 FAST = [*DATA, "--compile.backend", "aot_eager", "--training.seq_len", "256",

@@ -13,6 +13,8 @@ DCP checkpoint; a NaN loss stops the run on its step, before the update, with
 the last good checkpoint intact. The 1-rank vs TP2 x FSDP2 comparison of the
 MoE recipe is in test_deepseek.py.
 
+Tier: e2e; parity and resume in ``make test``, the NaN stop in
+``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_correctness.py -q
 """
 
@@ -145,6 +147,7 @@ def test_resume_is_bit_identical_reshards_and_exports(tmp_path):
     assert hf_loss == dcp_loss
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_before_the_update_and_keeps_the_checkpoint(tmp_path):
     dump = tmp_path / "out"
     cmd = torchrun("tests/helpers/train_injecting_nan.py", [

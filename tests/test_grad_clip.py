@@ -6,7 +6,7 @@ same clipped gradients as ``torchtitan.distributed.utils.clip_grad_norm_``.
 (test_training.py checks that a training run's clip graph holds the
 cross-rank all-reduce of the norm.)
 
-Tier: e2e (two spawned ranks), in ``make test``.
+Tier: e2e (two spawned ranks), in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_grad_clip.py -q
 """
 
@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from runlog import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _worker(rank: int, world: int, port: int, backend: str, results):

@@ -7,6 +7,7 @@ tutorial's overrides); SimpleFSDP recipes are jit-only with SDPA, the
 prefix-cache rotary path and compiled model/loss/grad_clip on the neuron
 backend; ``--compile.mode`` other than jit is refused at parse time.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_recipes.py -q
 """
 
