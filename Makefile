@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test check-errors bench bench-cache bench-plan bench-documents clean
+.PHONY: install train test test-fast test-slow check-errors bench bench-cache bench-plan \
+	bench-documents clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -25,8 +26,19 @@ train: install
 	./run_train.sh --training.steps 10 --dataloader.dataset c4_test \
 		--hf_assets_path=./tests/assets/tokenizer
 
+# The test tiers (pytest markers, registered in pyproject.toml):
+#   test       every unit test and the core end-to-end runs: the default
+#              rehearsal, parity, resume and the error matrix (~12 min here)
+#   test-slow  the remaining multi-process proofs (CI runs both)
+#   test-fast  no multi-process launch, for the edit loop (~2 min)
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow: install
+	$(PY) -m pytest -q -m slow tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not e2e and not slow" tests
 
 # Every launch mistake the tutorial's users make, run as they would run it:
 # one line per case with the message seen and the time to exit (~5 minutes).

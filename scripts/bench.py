@@ -173,8 +173,8 @@ def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
         env = {"OMP_NUM_THREADS": str(threads), "TORCHTITAN_NEURON_CPU_PEAK_FLOPS": f"{peak:.6e}",
                "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "compile-cache")}
         for n in range(launches):
-            run = launch(module, config, cell.ranks,
-                         [*args, f"--dump_folder={tmp}/out{n}"], env=env)
+            run = launch([*args, f"--dump_folder={tmp}/out{n}"], ngpu=cell.ranks,
+                         module=module, config=config, env=env)
             cell.launches.append(run)
             if run.returncode != 0 or not run.steps:
                 lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]

@@ -26,9 +26,8 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory() as cache:
         for run in ("cold", "warm"):
+            # NGPU=2, the default SimpleFSDP recipe: `make train`'s run.
             result = launch(
-                "torchtitan_neuron.experiments.graph_trainer.llama3",
-                "simple_fsdp_llama3_debugmodel", 2,
                 ["--training.steps", str(opts.steps), "--dataloader.dataset", "c4_test",
                  "--hf_assets_path=./tests/assets/tokenizer", "--metrics.log_freq", "1",
                  *overrides],

@@ -32,11 +32,11 @@ RECIPES = [
 def run(module: str, config: str, ngpu: int, mask: str, steps: int,
         overrides: list[str]) -> dict:
     result = launch(
-        module, config, ngpu,
         ["--training.steps", str(steps),
          "--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
          "--compile.backend", "aot_eager", "--metrics.log_freq", "1",
          "--debug.seed", "0", "--model.attn_mask_type", mask, *overrides],
+        ngpu=ngpu, module=module, config=config,
         env={"TORCHTITAN_NEURON_MEASURE_MEMORY_STEP": "2"})
     peak = re.search(r"measured_peak_gib=([\d.]+)", result.output)
     if result.returncode != 0 or not peak:

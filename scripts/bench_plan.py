@@ -21,20 +21,20 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import REPO, launch, run_command  # noqa: E402
+
 LLAMA = ("torchtitan_neuron.experiments.graph_trainer.llama3", "simple_fsdp_llama3_debugmodel")
 MEDIUM = ("scripts.bench_recipes", "simple_fsdp_llama3_medium")
 DEEPSEEK = ("torchtitan_neuron.experiments.graph_trainer.deepseek_v3",
             "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2")
 COMMON = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
           "--training.steps", "2", "--metrics.log_freq", "1", "--debug.seed", "0"]
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def cells(quick: bool, models: list[str]):
@@ -56,23 +56,20 @@ def run_cell(module, config, ngpu, ac, backend, seq, batch, workdir: Path) -> di
              "--parallelism.tensor_parallel_degree=1",
              "--parallelism.data_parallel_shard_degree=-1"]
     sub = [f"activation-checkpoint:{ac}"]
-    start = time.monotonic()
-    plan = subprocess.run(
+    plan = run_command(
         [sys.executable, "-m", "torchtitan_neuron.plan", "--module", module, "--config",
-         config, f"--ngpu={ngpu}", "--target=cpu", "--json", *flags, *sub],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    plan_s = time.monotonic() - start
-    planned = [l for l in plan.stdout.splitlines() if l.startswith("{")]
+         config, f"--ngpu={ngpu}", "--target=cpu", "--json", *flags, *sub])
+    plan_s = plan.wall_s
+    planned = [l for l in plan.output.splitlines() if l.startswith("{")]
     if plan.returncode or not planned:
-        raise RuntimeError(f"plan failed for {config} {ngpu} {ac}:\n{plan.stdout[-2000:]}")
+        raise RuntimeError(f"plan failed for {config} {ngpu} {ac}:\n{plan.output[-2000:]}")
     planned = json.loads(planned[-1])
-    env = dict(os.environ, NGPU=str(ngpu), MODULE=module, CONFIG=config,
-               PYTHON=sys.executable, TORCHTITAN_NEURON_MEASURE_MEMORY_STEP="2",
-               TORCHTITAN_NEURON_EXPERT_KERNEL="grouped_mm")  # the kernel the plan uses
-    run = subprocess.run(
-        ["./run_train.sh", f"--dump_folder={workdir}", *flags, *sub], cwd=REPO, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    text = _ANSI.sub("", run.stdout)
+    run = launch([*flags, *sub], ngpu=ngpu, module=module, config=config,
+                 dump_folder=workdir,
+                 env={"PYTHON": sys.executable, "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP": "2",
+                      # the kernel the plan uses
+                      "TORCHTITAN_NEURON_EXPERT_KERNEL": "grouped_mm"})
+    text = run.output
     m = re.search(r"measured_peak_gib=([\d.]+)", text)
     if run.returncode or not m:
         raise RuntimeError(f"run failed for {config} {ngpu} {ac}:\n{text[-2000:]}")

@@ -16,102 +16,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
-DEBUG = "simple_fsdp_llama3_debugmodel"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import (DEBUG_CONFIG as DEBUG, LLAMA_MODULE as LLAMA, Run,  # noqa: E402
+                    ctrl_c, free_port, run_command, torchrun, train_env)
+
 DATA = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer"]
 FAST = [*DATA, "--compile.backend", "aot_eager", "--training.seq_len", "256",
         "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
 TOKEN = "hf_checkErrorsNotARealToken0123"
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@dataclass
-class Outcome:
-    code: int
-    seconds: float
-    output: str
 
 
 def _env(ngpu: int = 2, module: str = LLAMA, config: str = DEBUG, **extra) -> dict:
-    env = dict(os.environ, NGPU=str(ngpu), MODULE=module, CONFIG=config,
-               PYTHON=sys.executable, HF_TOKEN=TOKEN)
-    env.update(extra)
-    return env
+    return train_env(ngpu, module, config, env={"PYTHON": sys.executable, "HF_TOKEN": TOKEN,
+                                                **extra})
 
 
-def _run(cmd: list[str], env: dict, timeout: float = 600) -> Outcome:
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    return Outcome(proc.returncode, time.monotonic() - start, ANSI.sub("", proc.stdout))
+def _run(cmd: list[str], env: dict, timeout: float = 600, **watch) -> Run:
+    return run_command(cmd, env, timeout=timeout, **watch)
 
 
-def _train(args: list[str], **env) -> Outcome:
+def _train(args: list[str], **env) -> Run:
     return _run(["./run_train.sh", *args], _env(**env))
 
 
-def _descendants(root: int) -> set[int]:
-    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], stdout=subprocess.PIPE, text=True)
-    children: dict[int, list[int]] = {}
-    for line in ps.stdout.splitlines():
-        pid, ppid = map(int, line.split())
-        children.setdefault(ppid, []).append(pid)
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            alive.add(pid)
-        except ProcessLookupError:
-            pass
-    return alive
-
-
-def _watch(cmd: list[str], env: dict, trigger: str, on_trigger=None,
-           timeout: float = 600) -> tuple[Outcome, set[int]]:
-    """Run ``cmd``; when ``trigger`` appears, call ``on_trigger(proc)`` and time
-    the rest of the run from there. Returns the outcome and the processes
-    that were running at the trigger."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, ranks, start = [], set(), None
-    deadline = time.monotonic() + timeout
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if start is None and trigger in line:
-                ranks = _descendants(proc.pid)
-                start = time.monotonic()
-                if on_trigger:
-                    on_trigger(proc)
-            if time.monotonic() > deadline:
-                break
-        proc.wait(timeout=60)
-    finally:
-        for pid in _alive(ranks | _descendants(proc.pid)):
-            os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    seconds = time.monotonic() - start if start is not None else float("nan")
-    return Outcome(proc.returncode, seconds, ANSI.sub("", "".join(lines))), ranks
+def _seconds(out: Run) -> float:
+    """Until the command exited: from the marker where the case watches for one."""
+    return out.wall_s if out.since_marker_s is None else out.since_marker_s
 
 
 def _error_line(output: str, pattern: str) -> str:
@@ -121,13 +55,13 @@ def _error_line(output: str, pattern: str) -> str:
     return ""
 
 
-# Each case: (name, what it shows, function returning (Outcome, message, problems)).
+# Each case: (name, what it shows, function returning (Run, message, problems)).
 
 
 def case_short_module(tmp):
     out = _train(FAST, module="llama3")
     return out, _error_line(out.output, "set MODULE="), [
-        p for p, bad in (("exit code is not 2", out.code != 2),
+        p for p, bad in (("exit code is not 2", out.returncode != 2),
                          ("a rank started", "[rank" in out.output)) if bad]
 
 
@@ -139,7 +73,7 @@ def case_import_error(tmp):
     out = _run(["./run_train.sh", *FAST],
                _env(module="broken_recipes", config="my_recipe", PYTHONPATH=str(tmp)))
     return out, _error_line(out.output, "failed to import"), [
-        p for p, bad in (("exit code is not 2", out.code != 2),
+        p for p, bad in (("exit code is not 2", out.returncode != 2),
                          ("real ImportError not shown", "not_a_real_package" not in out.output))
         if bad]
 
@@ -149,14 +83,14 @@ def case_compile_mode(tmp):
     text = " ".join(out.output.replace("\u2502", " ").split())
     msg = "jit is the only supported compile mode for SimpleFSDP"
     return out, msg if msg in text else "", [
-        p for p, bad in (("exit code is not 2", out.code != 2),
+        p for p, bad in (("exit code is not 2", out.returncode != 2),
                          ("message not printed exactly once", text.count(msg) != 1)) if bad]
 
 
 def _preflight_case(args, pattern, **env):
     out = _train(args, **env)
     return out, _error_line(out.output, pattern), [
-        p for p, bad in (("exit code is not 2", out.code != 2),
+        p for p, bad in (("exit code is not 2", out.returncode != 2),
                          ("a rank started", "[rank" in out.output)) if bad]
 
 
@@ -169,7 +103,7 @@ def case_gated_download(tmp):
                 "meta-llama/Llama-3.1-8B", "--assets", "tokenizer",
                 "--local_dir", str(tmp / "hf")], _env())
     line = next((l for l in out.output.splitlines() if l.strip()), "")
-    return out, line, [p for p, bad in (("exit code is 0", out.code == 0),
+    return out, line, [p for p, bad in (("exit code is 0", out.returncode == 0),
                                         ("traceback shown", "Traceback" in out.output)) if bad]
 
 
@@ -214,40 +148,34 @@ def case_cpu_oversubscribed(tmp):
     ngpu = (os.cpu_count() or 1) + 1
     out = _train([*FAST, "--training.steps", "1", f"--dump_folder={tmp}"], ngpu=ngpu)
     return out, _error_line(out.output, "oversubscribed"), [
-        p for p, bad in (("exit code is not 0", out.code != 0),
+        p for p, bad in (("exit code is not 0", out.returncode != 0),
                          ("no oversubscription note", "oversubscribed" not in out.output))
         if bad]
 
 
 def case_ctrl_c(tmp):
     args = [*FAST, "--training.steps", "1000", f"--dump_folder={tmp}"]
-    out, ranks = _watch(["./run_train.sh", *args], _env(), "step:  2",
-                        lambda proc: os.killpg(proc.pid, signal.SIGINT))
-    time.sleep(0.5)
-    left = _alive(ranks)
+    out = _run(["./run_train.sh", *args], _env(), watch="step:  2", then=ctrl_c)
     return out, _error_line(out.output, "SIGINT received"), [
-        p for p, bad in (("exit code is not 130", out.code != 130),
-                         (f"left behind: {sorted(left)}", bool(left)),
-                         ("took over 5 s", not out.seconds < 5)) if bad]
+        p for p, bad in (("exit code is not 130", out.returncode != 130),
+                         (f"left behind: {sorted(out.left)}", bool(out.left)),
+                         ("took over 5 s", not _seconds(out) < 5)) if bad]
 
 
 def case_rank_crash(tmp):
-    cmd = [sys.executable, "-m", "torchtitan_neuron.launch", "--nproc_per_node=2",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
-           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
-           "tests/helpers/train_crashing_rank.py", "--module", LLAMA, "--config", DEBUG,
-           *FAST, "--training.steps", "10", f"--dump_folder={tmp}"]
-    env = _env(CRASH_RANK="1", CRASH_AT_STEP="3")
-    out, ranks = _watch(cmd, env, "step:  2")
+    cmd = torchrun("tests/helpers/train_crashing_rank.py",
+                   [*FAST, "--training.steps", "10", f"--dump_folder={tmp}"],
+                   launcher="torchtitan_neuron.launch")
+    out = _run(cmd, _env(CRASH_RANK="1", CRASH_AT_STEP="3"), watch="step:  2")
     first = _error_line(out.output, "failed first")
     errors = [l for l in out.output.splitlines() if "Error" in l or "failed first" in l]
     return out, first, [
-        p for p, bad in (("exit code is 0", out.code == 0),
+        p for p, bad in (("exit code is 0", out.returncode == 0),
                          ("root cause not named", "injected failure on rank 1" not in first),
                          ("root cause not the first error printed",
                           not errors or "failed first" not in errors[0]),
-                         ("others took over 30 s to stop", not out.seconds < 30),
-                         (f"left behind: {sorted(_alive(ranks))}", bool(_alive(ranks))))
+                         ("others took over 30 s to stop", not _seconds(out) < 30),
+                         (f"left behind: {sorted(out.left)}", bool(out.left)))
         if bad]
 
 
@@ -255,27 +183,23 @@ def case_nnodes_no_endpoint(tmp):
     env = {k: "" for k in ("RDZV_ENDPOINT", "MASTER_ADDR", "MASTER_PORT")}
     out = _train([*FAST, f"--dump_folder={tmp}"], NNODES="2", **env)
     return out, _error_line(out.output, "needs the rendezvous endpoint"), [
-        p for p, bad in (("exit code is not 2", out.code != 2),) if bad]
+        p for p, bad in (("exit code is not 2", out.returncode != 2),) if bad]
 
 
 def case_bad_endpoint(tmp):
     out = _train([*FAST, f"--dump_folder={tmp}"], ngpu=1, NNODES="2",
                  RDZV_ENDPOINT="nohost.invalid:29500")
     return out, _error_line(out.output, "does not resolve"), [
-        p for p, bad in (("exit code is not 2", out.code != 2),) if bad]
+        p for p, bad in (("exit code is not 2", out.returncode != 2),) if bad]
 
 
 def case_peer_missing(tmp):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = _train([*FAST, f"--dump_folder={tmp}"], ngpu=1, NNODES="2", NODE_RANK="0",
                  RDZV_ENDPOINT=f"localhost:{port}", RDZV_TIMEOUT="10",
                  LOG_DIR=str(tmp / "logs"))
     return out, _error_line(out.output, "not every node joined"), [
-        p for p, bad in (("exit code is not 1", out.code != 1),
+        p for p, bad in (("exit code is not 1", out.returncode != 1),
                          ("a traceback was printed", "Traceback" in out.output)) if bad]
 
 
@@ -318,11 +242,12 @@ def main() -> int:
             problems.append("the token was printed")
         if not message:
             problems.append("expected message not seen")
-        if name not in ("rank-crash", "cpu-oversubscribed") and out.seconds > LIMIT_S:
+        seconds = _seconds(out)
+        if name not in ("rank-crash", "cpu-oversubscribed") and seconds > LIMIT_S:
             problems.append(f"took over {LIMIT_S} s")
         status = "ok  " if not problems else "FAIL"
         failed += bool(problems)
-        print(f"{status} {name:<19} exit {out.code:>3}  {out.seconds:6.1f}s  "
+        print(f"{status} {name:<19} exit {out.returncode:>3}  {seconds:6.1f}s  "
               f"{message[:220]}" + (f"  [{'; '.join(problems)}]" if problems else ""),
               flush=True)
         if problems:

@@ -26,15 +26,14 @@ import argparse
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(r"step:\s+(\d+)\s+loss:\s+(\S+)")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runlog import run_command  # noqa: E402
+
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 
 
@@ -67,15 +66,12 @@ def run_side(spec: str, common: list[str], dump_folder: Path, log: Path) -> dict
     env, args = split_side(spec)
     full_env = dict(os.environ, PYTHON=os.environ.get("PYTHON", sys.executable))
     full_env.update(env)
-    cmd = ["./run_train.sh", f"--dump_folder={dump_folder}", *common, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    output = _ANSI.sub("", proc.stdout)
-    log.write_text(output)
-    if proc.returncode != 0:
-        tail = "\n".join(output.splitlines()[-25:])
-        raise RuntimeError(f"run '{spec}' exited with {proc.returncode} (log: {log}):\n{tail}")
-    return {int(m[1]): float(m[2]) for m in _STEP.finditer(output)}
+    run = run_command(["./run_train.sh", f"--dump_folder={dump_folder}", *common, *args],
+                      full_env, log=log)
+    if run.returncode != 0:
+        tail = "\n".join(run.output.splitlines()[-25:])
+        raise RuntimeError(f"run '{spec}' exited with {run.returncode} (log: {log}):\n{tail}")
+    return {s.step: s.loss for s in run.steps}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ They prove that:
 Nothing here touches the network: downloads go through a fake downloader that
 copies local files, and the one real-CLI check runs with HF_HUB_OFFLINE=1.
 
+Tier: fast.
 Run from the repository root:  .venv/bin/python -m pytest tests/test_assets.py -q
 """
 
@@ -138,6 +139,16 @@ def fake_downloader(files, error=None, calls=None):
     return download
 
 
+def fail_download(dl, capsys, caplog, error) -> str:
+    """Download the tokenizer with the token on the command line through a
+    downloader raising ``error``: exit code 1; the message is returned."""
+    rc, _, err = run_main(dl, capsys, caplog,
+                          ["--repo_id", REPO_ID, "--assets", "tokenizer", "--hf_token", SECRET],
+                          fake_downloader({}, error=error))
+    assert rc == 1
+    return err
+
+
 def run_main(dl, capsys, caplog, argv, downloader):
     caplog.set_level("DEBUG")
     rc = dl.main(argv, downloader=downloader)
@@ -200,10 +211,7 @@ def test_safetensors_follows_the_index(dl, clean_env):
     _http_error(HfHubHTTPError, 403, f"403 Forbidden for {SECRET}"),
 ], ids=["gated", "401", "403"])
 def test_gated_repo_message(dl, clean_env, capsys, caplog, error):
-    rc, _, err = run_main(dl, capsys, caplog,
-                          ["--repo_id", REPO_ID, "--assets", "tokenizer", "--hf_token", SECRET],
-                          fake_downloader({}, error=error))
-    assert rc == 1
+    err = fail_download(dl, capsys, caplog, error)
     assert "gated" in err and "--hf_token" in err and "HF_TOKEN" in err
     assert f"https://huggingface.co/{REPO_ID}" in err
 
@@ -214,10 +222,7 @@ def test_gated_repo_message(dl, clean_env, capsys, caplog, error):
     ConnectionError("connection reset"),
 ], ids=["offline", "httpx", "socket"])
 def test_network_failure_message(dl, clean_env, capsys, caplog, error):
-    rc, _, err = run_main(dl, capsys, caplog,
-                          ["--repo_id", REPO_ID, "--assets", "tokenizer", "--hf_token", SECRET],
-                          fake_downloader({}, error=error))
-    assert rc == 1
+    err = fail_download(dl, capsys, caplog, error)
     assert "Could not reach the Hugging Face Hub" in err
     assert str(clean_env / "assets" / "hf" / "Llama-3.1-8B") in err
 

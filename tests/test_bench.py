@@ -7,19 +7,16 @@ step times; scripts/bench.py turns launches into the median of per-launch
 medians, the cold/warm first step, the sharded state, and the ratio lines
 (SimpleFSDP over FSDP2 tokens/s, MFU as a fraction of the matmul peak).
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_bench.py -q
 """
 
 import datetime
-import sys
 
 import pytest
 
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import bench  # noqa: E402
-from runlog import ANSI, Run  # noqa: E402
+import bench  # scripts/, on sys.path through conftest
+from runlog import Run, strip_ansi
 
 _LINE = ("[rank0]:[titan] {stamp} - root - INFO - \x1b[31mstep: {step:2}  "
          "\x1b[32mloss: {loss:.5f}  \x1b[38;2;180;60;0mgrad_norm:  0.5000  "
@@ -43,7 +40,7 @@ def _log(first_step_s: float, step_s: list[float], tps: list[int], mfu: float,
                                   mem=1.0 + n / 100, tps=tps[n - 1], mfu=mfu))
     if state:
         lines.append(f"[rank0]:[titan] {_stamp(t + 0.1)} - root - INFO - {state}")
-    return Run(0, ANSI.sub("", "\n".join(lines)), 1.0)
+    return Run(0, strip_ansi("\n".join(lines)), 1.0)
 
 
 def test_runlog_reads_step_lines_and_times():

@@ -6,6 +6,7 @@ The hub is unreachable here, so the loader is pointed, with
 (``load_dataset(path, name="en", split="train", streaming=True)``), the
 tokenizer and the batching work together and yield real batches.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_c4_streaming.py -q
 """
 

@@ -8,6 +8,8 @@ equal policies share one named, picklable context function. The first-step
 times of a real `make train` run, cold and warm, are in the README
 (scripts/bench_compile_cache.py).
 
+Tier: the two compiling processes are e2e, in ``make test-slow``; the
+policy check is fast.
 Run: .venv/bin/python -m pytest tests/test_compile_cache.py -q
 """
 
@@ -17,6 +19,7 @@ import pickle
 import subprocess
 import sys
 
+import pytest
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
 from conftest import REPO
@@ -32,6 +35,8 @@ def _counters(cache_dir) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_second_run_loads_the_compiled_selective_ac_graph(tmp_path):
     cold = _counters(tmp_path)
     assert cold.get("autograd_cache_saved") == 1 and "autograd_cache_bypass" not in cold, cold

@@ -13,18 +13,22 @@ DCP checkpoint; a NaN loss stops the run on its step, before the update, with
 the last good checkpoint intact. The 1-rank vs TP2 x FSDP2 comparison of the
 MoE recipe is in test_deepseek.py.
 
+Tier: e2e; parity and resume in ``make test``, the NaN stop in
+``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_correctness.py -q
 """
 
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
-from conftest import LLAMA_MODULE, REPO, RunResult, _ANSI, _alive, _descendants, run_train
+import pytest
+
+from conftest import run_train
+from runlog import LLAMA_MODULE, Run, ctrl_c, run_command, torchrun
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = "simple_fsdp_llama3_debugmodel"
 PARITY = [
@@ -41,14 +45,12 @@ CHECKPOINT = ["--checkpoint.enable", "--checkpoint.interval", "5"]
 
 
 def _loss_compare(tmp_path, a: str, b: str, *extra: str, steps: int = 8):
-    proc = subprocess.run(
+    result = run_command(
         [sys.executable, "scripts/loss_compare.py", "--concurrent", "--steps", str(steps),
          "--out", str(tmp_path), "--a", a, "--b", b, "--", *extra],
-        cwd=REPO, env=dict(os.environ, PREFLIGHT="0"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=900,
+        dict(os.environ, PREFLIGHT="0"), timeout=900,
     )
-    return proc.returncode, proc.stdout
+    return result.returncode, result.output
 
 
 def _max_rel_diff(output: str) -> float:
@@ -80,55 +82,30 @@ def test_simple_fsdp_tp2_matches_torchtitan_eager_fsdp2_trainer(tmp_path):
         assert "cross a document boundary" not in log
 
 
-def _interrupt_after_first_save(args, dump_folder) -> RunResult:
+def _interrupt_after_first_save(args, dump_folder) -> Run:
     """Launch as a user would and press Ctrl-C once the step-5 checkpoint is
     written: a run stopped part-way, with its schedule set for 10 steps.
     Every rank must be gone within 5 s, with exit code 130 (128 + SIGINT),
     and no process left behind."""
-    env = dict(os.environ, NGPU="2", MODULE=LLAMA_MODULE, CONFIG=CONFIG,
-               PYTHON=sys.executable, PREFLIGHT="0")
-    proc = subprocess.Popen(
-        ["./run_train.sh", f"--dump_folder={dump_folder}", *args], cwd=REPO, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-    lines, ranks = [], set()
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "Finished saving the checkpoint" in line:
-                ranks = _descendants(proc.pid)
-                start = time.monotonic()
-                os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-                break
-        rest, _ = proc.communicate(timeout=60)
-        elapsed = time.monotonic() - start
-        gone = not _alive(ranks)
-    finally:
-        # torchrun starts its workers in their own sessions: clean up both.
-        for pid in _alive(ranks | _descendants(proc.pid)):
-            os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = _ANSI.sub("", "".join(lines) + rest)
-    assert len(ranks) >= 2, ranks  # torchrun's two workers
-    assert proc.returncode == 130, output[-3000:]
-    assert elapsed < 5, f"ranks took {elapsed:.1f}s to stop"
-    assert gone, f"left behind: {_alive(ranks)}"
-    return RunResult(proc.returncode, output)
+    result = run_train(args, config=CONFIG, dump_folder=dump_folder,
+                       watch="Finished saving the checkpoint", then=ctrl_c)
+    assert len(result.ranks) >= 2, result.ranks  # torchrun's two workers
+    assert result.returncode == 130, result.output[-3000:]
+    assert result.since_marker_s < 5, f"ranks took {result.since_marker_s:.1f}s to stop"
+    assert not result.left, f"left behind: {result.left}"
+    return result
 
 
 def _checkpoint_loss(checkpoint) -> float:
-    proc = subprocess.run(
+    result = run_command(
         [sys.executable, "scripts/checkpoint_loss.py", "--module", LLAMA_MODULE,
          "--config", CONFIG, "--checkpoint", str(checkpoint),
          "--hf_assets_path=./tests/assets/tokenizer", "--training.seq_len", "256",
          "--dataloader.dataset", "c4_test"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    return float(re.search(r"loss=(\S+)", proc.stdout)[1])
+    assert result.returncode == 0, result.output[-3000:]
+    return float(re.search(r"loss=(\S+)", result.output)[1])
 
 
 def test_resume_is_bit_identical_reshards_and_exports(tmp_path):
@@ -170,21 +147,14 @@ def test_resume_is_bit_identical_reshards_and_exports(tmp_path):
     assert hf_loss == dcp_loss
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_before_the_update_and_keeps_the_checkpoint(tmp_path):
     dump = tmp_path / "out"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
-        "tests/helpers/train_injecting_nan.py",
-        "--module", LLAMA_MODULE, "--config", CONFIG, *PARITY,
-        "--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "2",
+    cmd = torchrun("tests/helpers/train_injecting_nan.py", [
+        *PARITY, "--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "2",
         f"--dump_folder={dump}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, NAN_AT_STEP="3"),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=600)
-    result = RunResult(proc.returncode, _ANSI.sub("", proc.stdout))
+    ], config=CONFIG)
+    result = run_command(cmd, dict(os.environ, NAN_AT_STEP="3"), timeout=600)
     assert result.returncode != 0
     assert [s.step for s in result.steps] == [1, 2]
     assert "NonFiniteError: Step 3: loss is nan" in result.output

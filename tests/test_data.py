@@ -1,6 +1,7 @@
 """The layout-invariant loader: a global batch is the same sequences however
 it is reached, and its state resumes at any data-parallel degree.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_data.py -q
 """
 

@@ -9,17 +9,19 @@ steps; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
 as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
 test_correctness.py).
 
+Tier: e2e, in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_deepseek.py -q
 """
 
 import math
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, RunResult
+from runlog import Run, run_command
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DS_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 DATA = ["--dataloader.dataset", "c4_test", "--debug.seed", "0"]
@@ -36,20 +38,19 @@ def _finite_and_falling(result, n_steps):
 
 def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp_path):
     recipe = f"PREFLIGHT=0 MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
-    proc = subprocess.run(
+    proc = run_command(
         [sys.executable, "scripts/loss_compare.py", "--steps", "3",
          "--out", str(tmp_path),
          "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
          "--b", f"NGPU=4 {recipe}",
          "--", "--training.global_batch_size", "4", "--model.attn_mask_type", "block_causal"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=1200,
     )
     # Same seed, same data, fp32: 1 rank (2 accumulation steps) and TP2 x FSDP2.
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert float(re.search(r"max_rel_diff=(\S+)", proc.stdout)[1]) <= 1e-4
+    assert proc.returncode == 0, proc.output[-4000:]
+    assert float(re.search(r"max_rel_diff=(\S+)", proc.output)[1]) <= 1e-4
 
-    result = RunResult(0, (tmp_path / "b.log").read_text())
+    result = Run(0, (tmp_path / "b.log").read_text())
     _finite_and_falling(result, 3)
     assert "tp=2" in result.output and "dp_shard=2" in result.output
     assert "cross a document boundary" not in result.output  # block_causal is on

@@ -18,6 +18,7 @@ test_correctness.py; the SimpleFSDP DeepSeek TP2 x FSDP2 comparison with one
 rank, block_causal, in test_deepseek.py; the causal start-up notice in
 test_training.py.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_documents.py -q
 """
 

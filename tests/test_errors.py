@@ -13,6 +13,7 @@ line), and a token in the environment never appears in a message. Through
 the launcher as a user runs it: one message, exit 2, no rank started.
 Checkpoints are written under ``.partial-N`` and renamed when complete.
 
+Tier: fast, but for the launch through run_train.sh (e2e, in ``make test``).
 Run: .venv/bin/python -m pytest tests/test_errors.py -q
 """
 
@@ -180,6 +181,7 @@ def test_bundled_data_and_tokenizer_pass():
     assert preflight.check_layout(config, 2) == {"tp": 1, "dp_shard": 2, "dp": 2}
 
 
+@pytest.mark.e2e
 def test_launcher_refuses_before_any_rank(run, dump_folder):
     start = time.monotonic()
     result = run(FAST[:3], ngpu=4, module="llama3",

@@ -6,22 +6,20 @@ same clipped gradients as ``torchtitan.distributed.utils.clip_grad_norm_``.
 (test_training.py checks that a training run's clip graph holds the
 cross-rank all-reduce of the norm.)
 
+Tier: e2e (two spawned ranks), in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_grad_clip.py -q
 """
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from runlog import free_port
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _worker(rank: int, world: int, port: int, backend: str, results):
@@ -68,5 +66,5 @@ def test_compiled_clip_matches_eager(backend):
     world = 2
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_worker, args=(world, _free_port(), backend, results), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), backend, results), nprocs=world)
     assert len(results) == world and results[0] == results[1]

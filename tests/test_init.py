@@ -1,5 +1,6 @@
 """Seeded initialization: a function of the seed and parameter names only.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_init.py -q
 """
 

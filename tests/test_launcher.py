@@ -11,14 +11,18 @@ COMM_MODE=fake_backend is torchtitan's one-process dry run of the NGPU-rank
 layout (one step, exit 0); an unknown COMM_MODE is refused with the accepted
 values, exit 2.
 
+Tier: the two launches are e2e, in ``make test`` (the error matrix).
 Run: .venv/bin/python -m pytest tests/test_launcher.py -q
 """
 
 import time
 
+import pytest
+
 from conftest import FAST
 
 
+@pytest.mark.e2e
 def test_non_jit_mode_fails_fast_through_the_launcher(run, dump_folder):
     start = time.monotonic()
     result = run(["--compile.mode", "aot_fx_trace", *FAST], dump_folder=dump_folder,
@@ -42,44 +46,24 @@ def test_preflight_checks_the_ranks_training_arguments():
         assert cmd == [sys.executable, "-m", "torchtitan_neuron.preflight", "--ngpu", "4", *train]
 
 
+@pytest.mark.e2e
 def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
     """Rank 1 raises at step 3 while rank 0 goes into the step's collectives:
     rank 0 is stopped within 30 s, nothing is left running, and the first
     error printed is rank 1's, with where it was raised."""
     import os
-    import signal
-    import subprocess
-    import sys
 
-    from conftest import LLAMA_MODULE, REPO, _ANSI, _alive, _descendants
+    from runlog import run_command, torchrun
 
-    cmd = [sys.executable, "-m", "torchtitan_neuron.launch", "--nproc_per_node=2",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
-           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
-           "tests/helpers/train_crashing_rank.py", "--module", LLAMA_MODULE,
-           "--config", "simple_fsdp_llama3_debugmodel", *FAST,
-           "--training.steps", "10", f"--dump_folder={tmp_path}"]
-    env = dict(os.environ, CRASH_RANK="1", CRASH_AT_STEP="3")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, ranks, start = [], set(), None
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if start is None and "step:  2" in line:
-                ranks, start = _descendants(proc.pid), time.monotonic()
-        proc.wait(timeout=60)
-        elapsed = time.monotonic() - start
-        left = _alive(ranks)
-    finally:
-        for pid in _alive(ranks | _descendants(proc.pid)):
-            os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = _ANSI.sub("", "".join(lines))
-    assert proc.returncode == 1, output[-3000:]
-    assert elapsed < 30, f"took {elapsed:.1f}s after step 2"
-    assert not left, left
+    cmd = torchrun("tests/helpers/train_crashing_rank.py",
+                   [*FAST, "--training.steps", "10", f"--dump_folder={tmp_path}"],
+                   launcher="torchtitan_neuron.launch")
+    result = run_command(cmd, dict(os.environ, CRASH_RANK="1", CRASH_AT_STEP="3"),
+                         watch="step:  2", timeout=600)
+    output = result.output
+    assert result.returncode == 1, output[-3000:]
+    assert result.since_marker_s < 30, f"took {result.since_marker_s:.1f}s after step 2"
+    assert not result.left, result.left
     errors = [l for l in output.splitlines() if "Error" in l or "failed first" in l]
     assert "rank 1 failed first: RuntimeError: injected failure on rank 1 at step 3" in errors[0]
     assert "train_crashing_rank.py:" in errors[0]

@@ -10,6 +10,7 @@ mode is within 10% of the peak tensor memory measured on the real tensors of
 the same step (TORCHTITAN_NEURON_MEASURE_MEMORY_STEP), and orders the modes
 the same way; with three gradient-accumulation micro-batches per step too.
 
+Tier: e2e, in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_memory.py -q
 """
 
@@ -21,6 +22,8 @@ import sys
 import pytest
 
 from conftest import FAST, LLAMA_MODULE, REPO, run_train
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # Long enough sequences that activations dominate the difference between modes.
 BIG = [*FAST, "--training.seq_len", "1024", "--training.local_batch_size", "4"]

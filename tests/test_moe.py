@@ -9,6 +9,7 @@ eager and compiled (upstream's MoE double-counts under eager AC); and from a
 deliberately skewed router the bias updates drive the measured imbalance down
 while keeping the biases mean-centred.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_moe.py -q
 """
 

@@ -8,48 +8,37 @@ is a file under its ``LOG_DIR``; a launcher whose peer never arrives stops
 after ``RDZV_TIMEOUT`` with a message naming the endpoint, instead of
 waiting; ``NNODES=2`` with no endpoint is refused before anything starts.
 
+Tier: e2e; the two-launcher run in ``make test-slow``, the refusals in
+``make test`` (the error matrix).
 Run: .venv/bin/python -m pytest tests/test_multinode.py -q
 """
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 
-from conftest import FAST, LLAMA_MODULE, REPO, RunResult, _ANSI, run_train
+import pytest
 
+from conftest import FAST, run_train
+from runlog import free_port, strip_ansi
+
+pytestmark = pytest.mark.e2e
 STEPS = ["--training.steps", "3", *FAST]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _launch(env: dict[str, str], args: list[str]) -> subprocess.Popen:
-    full_env = dict(os.environ, MODULE=LLAMA_MODULE, CONFIG="simple_fsdp_llama3_debugmodel",
-                    PYTHON=sys.executable, PREFLIGHT="0", **env)
-    return subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
+@pytest.mark.slow
 def test_two_launchers_train_like_one_and_share_outputs(tmp_path):
     dump = tmp_path / "shared"
-    endpoint = f"localhost:{_free_port()}"
+    endpoint = f"localhost:{free_port()}"
     args = [*STEPS, f"--dump_folder={dump}", "--checkpoint.enable",
             "--checkpoint.interval", "3"]
-    nodes = [
-        _launch({"NGPU": "1", "NNODES": "2", "NODE_RANK": str(n), "RDZV_ENDPOINT": endpoint,
-                 "RDZV_ID": "test", "LOG_DIR": str(tmp_path / "logs" / f"node{n}"),
-                 "RDZV_TIMEOUT": "300"}, args)
-        for n in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=900)[0] for p in nodes]
-    results = [RunResult(p.returncode, _ANSI.sub("", o)) for p, o in zip(nodes, outputs)]
+
+    def node(n: int):
+        return run_train(args, ngpu=1, timeout=900, env={
+            "NNODES": "2", "NODE_RANK": str(n), "RDZV_ENDPOINT": endpoint, "RDZV_ID": "test",
+            "LOG_DIR": str(tmp_path / "logs" / f"node{n}"), "RDZV_TIMEOUT": "300"})
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(node, (0, 1)))
     for result in results:
         assert result.returncode == 0, result.output[-4000:]
         assert "node " in result.output and "of 2, 1 ranks, rendezvous at" in result.output
@@ -74,29 +63,26 @@ def test_two_launchers_train_like_one_and_share_outputs(tmp_path):
     for n in (0, 1):
         logs = list((tmp_path / "logs" / f"node{n}").rglob("stdout.log"))
         assert len(logs) == 1, logs
-        assert "step:  3" in _ANSI.sub("", logs[0].read_text())
+        assert "step:  3" in strip_ansi(logs[0].read_text())
 
 
 def test_a_missing_peer_times_out_with_a_clear_message(tmp_path):
-    endpoint = f"localhost:{_free_port()}"
-    start = time.monotonic()
-    proc = _launch({"NGPU": "1", "NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": endpoint,
-                    "RDZV_TIMEOUT": "10", "LOG_DIR": str(tmp_path / "logs")},
-                   [*STEPS, f"--dump_folder={tmp_path / 'out'}"])
-    output = _ANSI.sub("", proc.communicate(timeout=300)[0])
-    elapsed = time.monotonic() - start
-    assert proc.returncode == 1, output[-4000:]
+    endpoint = f"localhost:{free_port()}"
+    result = run_train(STEPS, ngpu=1, dump_folder=tmp_path / "out", timeout=300, env={
+        "NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": endpoint, "RDZV_TIMEOUT": "10",
+        "LOG_DIR": str(tmp_path / "logs")})
+    output = result.output
+    assert result.returncode == 1, output[-4000:]
     assert re.search(r"NNODES=2, but not every node joined the rendezvous at "
                      rf"{endpoint} \(id torchtitan_neuron\) within 10 s", output), output[-4000:]
     assert "Traceback" not in output, output[-4000:]
-    assert elapsed < 120, elapsed
+    assert result.wall_s < 120, result.wall_s
 
 
 def test_nnodes_without_an_endpoint_is_refused():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RDZV_ENDPOINT", "MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.run(["./run_train.sh", *STEPS], cwd=REPO, timeout=60,
-                          env=dict(env, NNODES="2", NGPU="1", PYTHON=sys.executable),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.returncode == 2
-    assert "NNODES=2 needs the rendezvous endpoint: set RDZV_ENDPOINT=host:port" in proc.stdout
+    # run_train.sh reads an empty variable as unset.
+    unset = {k: "" for k in ("RDZV_ENDPOINT", "MASTER_ADDR", "MASTER_PORT")}
+    result = run_train(STEPS, ngpu=1, timeout=60, env={"NNODES": "2", **unset})
+    assert result.returncode == 2
+    assert ("NNODES=2 needs the rendezvous endpoint: set RDZV_ENDPOINT=host:port"
+            in result.output)

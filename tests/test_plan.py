@@ -10,6 +10,7 @@ sweep names the tutorial's order of fixes (full AC, then TP, then a smaller
 batch) at a fixed global batch. Planned against measured
 memory, and across AC modes, is in test_memory.py.
 
+Tier: the two planner launches are e2e, in ``make test-slow``; the rest fast.
 Run: .venv/bin/python -m pytest tests/test_plan.py -q
 """
 
@@ -39,6 +40,8 @@ def _plan(ngpu: int, *extra: str) -> dict:
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_json_plan_has_the_verdict_and_breakdown():
     p = _plan(2)
     assert {"peak_gib", "capacity_gib", "fits", "breakdown"} <= p.keys()
@@ -54,6 +57,8 @@ def test_json_plan_has_the_verdict_and_breakdown():
     assert parts["optimizer_state"] == pytest.approx(2 * parts["sharded_parameters"], rel=0.01)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_run_train_plans_with_comm_mode_plan():
     env = dict(os.environ, NGPU="64", COMM_MODE="plan", MODULE=LLAMA_MODULE,
                CONFIG="simple_fsdp_llama3_debugmodel", PYTHON=sys.executable)

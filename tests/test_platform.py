@@ -6,6 +6,7 @@ backend resolves to the local compiler elsewhere; ``install()`` adapts every
 import-time copy of torchtitan's device globals and nothing else is left
 pointing at CUDA; the CPU memory figure is a real, resettable measurement.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_platform.py -q
 """
 

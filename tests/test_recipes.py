@@ -8,6 +8,7 @@ prefix-cache rotary path and compiled model/loss/grad_clip on the neuron
 backend; ``--compile.mode`` other than jit is refused at parse time;
 ``promote`` carries every field and loses none without being told to.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_recipes.py -q
 """
 

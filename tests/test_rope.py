@@ -5,6 +5,7 @@ dataloader's per-document positions and rotates by 0..S-1, exactly what
 torchtitan's gather path gives for positions 0..S-1, for both cache formats;
 without the switch the module is torchtitan's own.
 
+Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_rope.py -q
 """
 

@@ -9,25 +9,29 @@ the run says which share of attention pairs crosses a document boundary. TP layo
 trained in test_correctness.py and test_deepseek.py, the full-AC recipe in
 test_memory.py.
 
+Tier: e2e, in ``make test`` (the default rehearsal).
 Run: .venv/bin/python -m pytest tests/test_training.py -q
 """
 
 import math
 import os
 import re
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-from conftest import FAST, LLAMA_MODULE, REPO, RunResult, _ANSI
+import pytest
+
+from conftest import FAST
+from runlog import Run, run_command, torchrun
+
+pytestmark = pytest.mark.e2e
 
 ALL_GATHER = "_c10d_functional.all_gather_into_tensor.default"
 REDUCE_SCATTER = "_c10d_functional.reduce_scatter_tensor.default"
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
 
 
-def _assert_trains(result: RunResult, n_steps: int):
+def _assert_trains(result: Run, n_steps: int):
     assert result.returncode == 0, result.output[-4000:]
     steps = result.steps
     assert [s.step for s in steps] == list(range(1, n_steps + 1)), result.output[-4000:]
@@ -45,18 +49,11 @@ def test_two_rank_run_trains_and_graphs_hold_fsdp_collectives(tmp_path):
     capture_dir = tmp_path / "graphs"
     capture_dir.mkdir()
     env = dict(os.environ, CAPTURE_DIR=str(capture_dir))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
-        "tests/helpers/train_capturing_graphs.py",
-        "--module", LLAMA_MODULE, "--config", "simple_fsdp_llama3_debugmodel",
+    cmd = torchrun("tests/helpers/train_capturing_graphs.py", [
         *FAST, "--compile.backend", "capture_graphs",
         "--training.steps", "6", f"--dump_folder={tmp_path / 'out'}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600)
-    result = RunResult(proc.returncode, _ANSI.sub("", proc.stdout))
+    ])
+    result = run_command(cmd, env, timeout=600)
     _assert_trains(result, 6)
     assert result.output.count("compile.mode='jit' is deprecated") == 1
     assert "Per-rank sharded state" in result.output
