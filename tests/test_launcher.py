@@ -11,7 +11,7 @@ COMM_MODE=fake_backend is torchtitan's one-process dry run of the NGPU-rank
 layout (one step, exit 0); an unknown COMM_MODE is refused with the accepted
 values, exit 2.
 
-Tier: the two launches are e2e, in ``make test`` (the error matrix).
+Tier: the three training launches are e2e, in ``make test`` (the error matrix).
 Run: .venv/bin/python -m pytest tests/test_launcher.py -q
 """
 
@@ -69,6 +69,7 @@ def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
     assert "train_crashing_rank.py:" in errors[0]
 
 
+@pytest.mark.e2e
 def test_fake_backend_dry_run_simulates_the_ranks_in_one_process(run, dump_folder):
     result = run(FAST, ngpu=4, env={"COMM_MODE": "fake_backend"},
                  dump_folder=dump_folder, preflight=True)

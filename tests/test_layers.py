@@ -7,6 +7,8 @@ the plain recipes in ``models/`` import no SimpleFSDP recipe; ``models/``
 holds only recipe modules; and no package code builds a path under the
 checkout's ``tests/`` (an installed wheel has none).
 
+Tier: fast.
+
 Run: .venv/bin/python -m pytest tests/test_layers.py -q
 """
 

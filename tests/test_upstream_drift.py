@@ -9,6 +9,8 @@ behaviour still holds. A failure names the row to revisit. It also checks the
 document itself: every row names a drift test that exists, and every row this
 file pins is in the document. In-process, no launches; a few seconds.
 
+Tier: fast.
+
 Run: .venv/bin/python -m pytest tests/test_upstream_drift.py -q
 """
 
