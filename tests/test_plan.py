@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import LLAMA_MODULE, REPO
-from torchtitan_neuron import plan as planner
+from torchtitan_neuron.plan import sweep as sweeper
+from torchtitan_neuron.plan.report import Plan
 
 ARGS = ["--hf_assets_path=./tests/assets/tokenizer", "--training.seq_len=1024",
         "--training.local_batch_size=8", "--compile.backend=aot_eager"]
@@ -88,15 +89,15 @@ def test_sweep_names_the_tutorials_order_of_fixes(monkeypatch):
         return run
 
     opts = SimpleNamespace(ngpu=64, config="recipe", capacity_gib=None)
-    base = planner.Plan("recipe", 64, "trn2", {"tp": 1, "local_batch": 8, "global_batch": 512}, 30.0, 24.0)
+    base = Plan("recipe", 64, "trn2", {"tp": 1, "local_batch": 8, "global_batch": 512}, 30.0, 24.0)
     cases = [
         (lambda tp, ac, b: ac == "full", "tensor_parallel_degree=1"),
         (lambda tp, ac, b: ac == "full" and tp >= 4, "tensor_parallel_degree=4"),
         (lambda tp, ac, b: ac == "full" and tp == 8 and b <= 2, "local_batch_size=2"),
     ]
     for fits_when, expected in cases:
-        monkeypatch.setattr(planner, "_plan_in_subprocess", fake_plan(fits_when))
-        last = planner.sweep(opts, [], base)[-1]
+        monkeypatch.setattr(sweeper, "_plan_in_subprocess", fake_plan(fits_when))
+        last = sweeper.sweep(opts, [], base)[-1]
         assert last.startswith("Smallest change that fits:"), last
         assert expected in last and "activation-checkpoint:full" in last, last
         assert "--training.global_batch_size=512" in last, last  # the batch is held
@@ -109,22 +110,19 @@ def test_compiled_program_splits_device_tensors_from_scratchpad():
     import torch
 
     from torchtitan_neuron.memory import StorageTracker
+    from torchtitan_neuron.plan.backend import PlanBackend
 
     mib = 2**20
-    backend = planner._register_plan_backend()
+    backend = PlanBackend()
     f = torch.compile(
-        lambda x: ((x * 2 + 1).repeat(4, 1) * 3).sum(0).repeat(4, 1).sum(0), backend=backend
+        lambda x: ((x * 2 + 1).repeat(4, 1) * 3).sum(0).repeat(4, 1).sum(0), backend=backend.name
     )
     x = torch.randn(mib // 4)  # 1 MiB of fp32
     f(x)  # compile outside the tracker
     tracker = StorageTracker()
     tracker.large_var_bytes = 3 * mib
-    planner._ACTIVE_TRACKERS.append(tracker)
-    try:
-        with tracker:
-            out = f(x)
-    finally:
-        planner._ACTIVE_TRACKERS.remove(tracker)
+    with backend.tracking(tracker):
+        out = f(x)
     assert out.shape == (mib // 4,)
     # The output (1 MiB) is the only device tensor the program made.
     assert tracker.tensor_peak == mib
@@ -134,3 +132,36 @@ def test_compiled_program_splits_device_tensors_from_scratchpad():
     # are freed and reuses their space: 8 MiB, not 12.
     assert list(tracker.scratchpad_peak.values()) == [2 * mib]
     assert list(tracker.scratchpad_large.values()) == [8 * mib]
+
+
+def test_random_tokens_need_no_tokenizer_and_resume_from_their_count():
+    import torch
+
+    from torchtitan_neuron.random_tokens import RandomTokens, VocabularySize
+
+    tokenizer = VocabularySize.Config(vocab_size=100).build(tokenizer_path="")
+    assert tokenizer.get_vocab_size() == 100
+    with pytest.raises(TypeError, match="random token ids"):
+        tokenizer.encode("text")
+    kwargs = dict(dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=16,
+                  local_batch_size=3)
+    loader = RandomTokens.Config(vocab_size=100).build(**kwargs)
+    first, second = loader.batch(), loader.batch()
+    inputs, labels = second
+    assert inputs["input"].shape == labels.shape == (3, 16)
+    assert int(inputs["input"].max()) < 100 and int(labels.min()) >= 0
+    assert torch.equal(inputs["positions"][2], torch.arange(16))
+    assert not torch.equal(first[0]["input"], inputs["input"])
+    resumed = RandomTokens.Config(vocab_size=100).build(**kwargs)
+    resumed.load_state_dict({"drawn": 1})
+    assert torch.equal(resumed.batch()[0]["input"], inputs["input"])
+    with pytest.raises(ValueError, match="vocabulary size"):
+        RandomTokens.Config().build(**kwargs)
+
+
+def test_step_hook_defaults_to_a_training_run():
+    from torchtitan_neuron.trainer import QuietMetricsProcessor, StepHook
+
+    hook = StepHook()
+    assert hook.read_values and hook.wrap_clip is None
+    assert QuietMetricsProcessor.should_log(None, 1) is False

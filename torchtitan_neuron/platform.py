@@ -116,6 +116,13 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def cuda_memory_bytes() -> int | None:
+    """Total memory of CUDA device 0, or None without a CUDA device."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory
+
+
 def device_count(platform_name: str) -> int | None:
     """Devices a rank can use here: NeuronCores, GPUs; None when unknown
     (and on CPU, where ranks are processes)."""

@@ -11,6 +11,10 @@
 - A non-finite loss or gradient norm stops the run on the step where it
   appears, before the optimizer applies that step's update.
 - The step line says how many gradient-accumulation steps make the batch.
+- ``config.build(step_hook=StepHook(...))`` changes how a step runs when it
+  is traced rather than trained (the memory planner traces it on
+  FakeTensors): which gradient clipping runs, and whether the trainer may
+  read tensor values (checks, notes, metrics). A training run passes none.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 import torch
 
 import torchtitan.distributed.utils as dist_utils
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config import CompileConfig
 from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
 from torchtitan.tools.logging import logger
@@ -110,6 +116,37 @@ def _force_sum_reductions_on_gloo(model_parts) -> None:
                 module.set_force_sum_reduction_for_comms(True)
 
 
+@dataclass(frozen=True)
+class StepHook:
+    """How a step that is traced rather than trained runs.
+
+    Passed as ``config.build(step_hook=...)`` and kept as
+    ``trainer.step_hook``; the default is a training run.
+    """
+
+    wrap_clip: Callable[[Callable], Callable] | None = None
+    """Given the run's compiled gradient clipping (the ``grad_clip`` compile
+    component), returns the clipping the step runs instead; unused when
+    clipping is not compiled."""
+
+    read_values: bool = True
+    """False when the step runs on FakeTensors: the trainer then reads no
+    tensor value (no non-finite check, no note on packed documents, and no
+    metrics line, whose loss is a value)."""
+
+
+class QuietMetricsProcessor(MetricsProcessor):
+    """torchtitan's metrics processor that never logs: a step without
+    values has no loss to log (``StepHook.read_values``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        pass
+
+    def should_log(self, step: int) -> bool:
+        return False
+
+
 class NonFiniteError(RuntimeError):
     """A step produced a NaN or inf loss or gradient norm."""
 
@@ -134,7 +171,12 @@ class _StepLineSuffix(logging.Filter):
 
 
 class _NeuronTrainerMixin:
-    def __init__(self, config):
+    def __init__(self, config, *, step_hook: StepHook | None = None):
+        self.step_hook = step_hook = step_hook or StepHook()
+        if not step_hook.read_values:
+            metrics = config.metrics
+            config.metrics = QuietMetricsProcessor.Config(
+                **{f.name: getattr(metrics, f.name) for f in fields(metrics)})
         platform.install()
         resolve_compile_backend(config.compile)
         options = config.model
@@ -161,12 +203,15 @@ class _NeuronTrainerMixin:
         make_saves_atomic(self.checkpointer)
         compile_config = self.config.compile
         # torch.compile'd clipping when ``grad_clip`` is a compile component
-        # (the memory planner swaps in its own tracing of the same function).
+        # (a step hook may swap in its own tracing of the same function).
         self.compiled_clip = None
+        clip = dist_utils.clip_grad_norm_
         if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:
-            self.compiled_clip = compile_grad_clip(compile_config.backend)
+            self.compiled_clip = clip = compile_grad_clip(compile_config.backend)
             logger.info("Compiling gradient-norm clipping with torch.compile")
-        self._clip_then_check = self._guarded(self.compiled_clip or dist_utils.clip_grad_norm_)
+            if step_hook.wrap_clip is not None:
+                clip = step_hook.wrap_clip(self.compiled_clip)
+        self._clip_then_check = self._guarded(clip)
         self._step_loss: torch.Tensor | None = None
         self._step_line_suffix = _StepLineSuffix(
             f"  grad_accum: {self.gradient_accumulation_steps}"
@@ -208,7 +253,7 @@ class _NeuronTrainerMixin:
                 "crosses a document boundary."
             )
             return
-        if getattr(self, "_planning", False):
+        if not self.step_hook.read_values:
             return
         share = cross_document_share(starts)
         if share > 0:
@@ -242,8 +287,7 @@ class _NeuronTrainerMixin:
     def _check_finite(self, grad_norm: torch.Tensor) -> None:
         local = self._step_loss
         self._step_loss = None
-        if local is None or getattr(self, "_planning", False):
-            # The memory planner runs on FakeTensors: no values to check.
+        if local is None or not self.step_hook.read_values:
             return
         # The same reduction torchtitan logs, so every rank sees the same
         # figure and they all stop together (no rank left in a collective).

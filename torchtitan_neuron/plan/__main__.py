@@ -1,0 +1,79 @@
+"""``python -m torchtitan_neuron.plan``: the planner's command line."""
+
+import gc
+
+if __name__ == "__main__":
+    # torchtitan's trainer turns automatic garbage collection off when it is
+    # built; the planner's process turns it off from the start, so importing
+    # torch and torchtitan (over a thousand collections) does not pay for it
+    # either, and storages are freed at the same points in every plan.
+    gc.disable()
+
+import argparse
+import json
+import os
+import sys
+
+import torchtitan_neuron.plan as package
+from torchtitan_neuron.plan.report import TARGETS
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchtitan_neuron.plan", description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+    )
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--ngpu", type=int, default=int(os.environ.get("NGPU", "1")))
+    parser.add_argument("--target", default="trn2", choices=list(TARGETS))
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--capacity-gib", type=float, default=None,
+                        help="device memory per rank, in place of the target's figure")
+    parser.add_argument("--top", type=int, default=0, metavar="N",
+                        help="also list the N largest groups of tensors live at the peak")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, overrides = parse(argv)
+
+    from torchtitan.config import ConfigManager
+    from torchtitan.tools.logging import init_logger, logger
+
+    from torchtitan_neuron.plan.core import plan
+    from torchtitan_neuron.plan.sweep import sweep
+    from torchtitan_neuron.preflight import PreflightError, check_layout, check_recipe
+
+    init_logger()
+    try:
+        check_recipe(opts.module, opts.config)
+        config = ConfigManager().parse_args(
+            ["--module", opts.module, "--config", opts.config, *overrides]
+        )
+        check_layout(config, opts.ngpu)
+    except PreflightError as exc:
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
+                  top=max(opts.top, 0))
+    if opts.capacity_gib is not None:
+        result.capacity_gib = opts.capacity_gib
+    if opts.json:
+        print(json.dumps(result.to_json()), flush=True)
+    else:
+        logger.info("\n" + result.describe())
+    if opts.sweep:
+        print("\n".join(sweep(opts, overrides, result)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Nothing is left to release: skip the teardown of the traced graphs and
+    # FakeTensors, which takes seconds at 8B.
+    os._exit(code)

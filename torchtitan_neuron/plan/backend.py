@@ -1,0 +1,133 @@
+"""The planner's compile backend: torch 2.14's ``aot_eager``, run op by op.
+
+AOTAutograd with the min-cut rematerialization partitioner (the one
+aot_eager, inductor and neuron all use) and input mutations kept in the
+graph; each partitioned graph runs through boxed code that drops every input
+and intermediate after its last use, and each run is one compiled program
+(a NEFF on Neuron) for the tracker. While ``outputs_only`` is on, programs
+return outputs of the shapes their graphs record without running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from types import SimpleNamespace
+
+import torch
+
+_NAMES = itertools.count()
+
+
+class PlanBackend:
+    """One registered Dynamo backend, with the tracker its programs report
+    to and whether they run at all."""
+
+    def __init__(self):
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.tracker = None
+        self.skip_ops = False
+        serial = next(_NAMES)
+        self.name = "torchtitan_neuron_plan" + (f"_{serial}" if serial else "")
+        torch._dynamo.register_backend(name=self.name,
+                                       compiler_fn=aot_autograd(**self.aot_settings()))
+
+    def aot_settings(self) -> dict:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        return dict(fw_compiler=self._compile, bw_compiler=self._compile,
+                    partition_fn=min_cut_rematerialization_partition,
+                    keep_inference_input_mutations=True)
+
+    @contextlib.contextmanager
+    def outputs_only(self):
+        """Programs return recorded outputs without running (the first step,
+        which only compiles and creates gradients and optimizer state)."""
+        self.skip_ops = True
+        try:
+            yield
+        finally:
+            self.skip_ops = False
+
+    @contextlib.contextmanager
+    def tracking(self, tracker):
+        """Each program run reports to ``tracker`` as one compiled program."""
+        self.tracker = tracker
+        try:
+            with tracker:
+                yield
+        finally:
+            self.tracker = None
+
+    def _compile(self, gm, example_inputs):
+        from torch.fx.graph import _BoxedCodeGen
+
+        gm.graph.set_codegen(_BoxedCodeGen())
+        gm.recompile()
+        forward = gm.forward
+
+        def run(args):
+            if self.skip_ops:
+                return recorded_outputs(gm, args)
+            if self.tracker is None:
+                return forward(args)
+            with self.tracker.program(id(gm)):
+                return forward(args)
+
+        run._boxed_call = True
+        return run
+
+    def traced_clip(self, clip, dynamo_clip):
+        """``clip`` (torchtitan's ``clip_grad_norm_``) traced by AOTAutograd
+        with this backend's settings, without Dynamo's capture in front.
+
+        Dynamo adds nothing to this graph (no control flow on values, no
+        graph breaks; the parameters are read only for ``.grad``), but its
+        capture makes a fake copy and guards for each of the 2 x 291
+        DTensors of the 8B model. With pipeline stages (an all-reduce of the
+        norm across them) or expert parallelism (which reads each
+        parameter's mesh), ``dynamo_clip``, the run's own, is used.
+        """
+        from torch._functorch.aot_autograd import aot_function
+
+        compiled = {}
+
+        def clip_grads(parameters, max_norm, **kwargs):
+            if kwargs.get("pp_mesh") is not None or kwargs.get("ep_enabled"):
+                return dynamo_clip(parameters, max_norm, **kwargs)
+            grads = [p.grad for p in parameters if p.grad is not None]
+            key = (len(grads), max_norm, tuple(sorted(kwargs.items(), key=lambda kv: kv[0])))
+            if key not in compiled:
+
+                def on_grads(*grads):
+                    return clip([SimpleNamespace(grad=g) for g in grads], max_norm, **kwargs)
+
+                compiled[key] = aot_function(on_grads, **self.aot_settings())
+            return compiled[key](*grads)
+
+        return clip_grads
+
+
+def recorded_outputs(gm, args: list) -> list:
+    """A program's outputs as its graph records them (size, stride, offset,
+    dtype, device), made in the inputs' fake mode without running its ops."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode(args)
+    if fake_mode is None:
+        raise RuntimeError("planner: a compiled program got real tensors in its first step")
+    (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    args.clear()  # a boxed program owns its inputs, as when it runs
+
+    def make(node):
+        val = node.meta["val"] if isinstance(node, torch.fx.Node) else node
+        if not isinstance(val, torch.Tensor):
+            return val
+        extent = val.storage_offset() + 1 + sum(
+            (n - 1) * st for n, st in zip(val.shape, val.stride()) if n > 0)
+        with fake_mode:
+            flat = torch.empty(extent if val.numel() else 0, dtype=val.dtype, device=val.device)
+            return flat.as_strided(val.shape, val.stride(), val.storage_offset())
+
+    return [make(n) for n in outputs]

@@ -1,0 +1,112 @@
+"""The plan a planner run returns, and how it is printed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GIB = 1024**3
+
+# Device memory per rank, the figure a verdict is measured against. One rank
+# is one logical NeuronCore at the default LNC=2 (two physical cores):
+#   trn2: 96 GiB per chip / 4 logical cores = 24 GiB (the tutorial's figure);
+#   trn3: 144 GiB per chip / 4 logical cores = 36 GiB.
+TARGET_CAPACITY_GIB = {"trn2": 24.0, "trn3": 36.0}
+TARGETS = ("trn2", "trn3", "cuda", "cpu")
+
+
+@dataclass
+class Plan:
+    recipe: str
+    ngpu: int
+    target: str
+    layout: dict
+    peak_gib: float
+    capacity_gib: float
+    breakdown: dict = field(default_factory=dict)
+    largest: list = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= self.capacity_gib
+
+    @property
+    def headroom_gib(self) -> float:
+        return self.capacity_gib - self.peak_gib
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe, "ngpu": self.ngpu, "target": self.target,
+            "layout": self.layout, "peak_gib": round(self.peak_gib, 4),
+            "capacity_gib": round(self.capacity_gib, 4), "fits": self.fits,
+            "headroom_gib": round(self.headroom_gib, 4),
+            "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
+            **({"largest_at_peak": self.largest} if self.largest else {}),
+        }
+
+    def describe(self) -> str:
+        lines = [
+            f"Memory plan for {self.recipe} on {self.ngpu} x {self.target} "
+            f"({', '.join(f'{k} {v}' for k, v in self.layout.items())}), one rank:",
+        ]
+        for name, gib in self.breakdown.items():
+            lines.append(f"  {name.replace('_', ' '):<28} {gib:9.3f} GiB")
+        lines.append(f"  {'peak':<28} {self.peak_gib:9.3f} GiB")
+        lines.append(f"  {'capacity':<28} {self.capacity_gib:9.3f} GiB")
+        if self.largest:
+            lines.append("largest storages at the peak (GiB, count, term, made by, shape, dtype):")
+            for row in self.largest:
+                lines.append(f"  {row['gib']:9.3f} x{row['count']:<4} {row['term']:<20} "
+                             f"{row['op']} {list(row['shape'])} {row['dtype']}")
+        verdict = "fits" if self.fits else "OOM"
+        lines.append(
+            f"verdict: {verdict} (headroom {self.headroom_gib:+.3f} GiB, "
+            f"{100 * self.peak_gib / self.capacity_gib:.0f}% of capacity)"
+        )
+        return "\n".join(lines)
+
+
+def capacity_gib(target: str, ngpu: int) -> float:
+    """Device memory per rank on ``target``: the table for Neuron, the
+    device for CUDA, the host's memory shared by the ranks for CPU."""
+    from torchtitan_neuron import platform
+
+    if target in TARGET_CAPACITY_GIB:
+        return TARGET_CAPACITY_GIB[target]
+    if target == "cuda":
+        total = platform.cuda_memory_bytes()
+        if total is None:
+            raise SystemExit(
+                "--target cuda reads the capacity from the device, and no CUDA "
+                "device is present here; plan for trn2 or cpu instead."
+            )
+        return total / GIB
+    if target == "cpu":
+        return platform.host_memory_bytes() / GIB / ngpu
+    raise SystemExit(f"Unknown --target {target}: choose one of {', '.join(TARGETS)}.")
+
+
+def ac_name(ac_config) -> str:
+    """``none``, ``selective`` or ``full``, as the CLI subcommand spells it."""
+    qualname = type(ac_config).__qualname__.lower()
+    for name in ("selective", "full"):
+        if name in qualname:
+            return name
+    return "none"
+
+
+def largest_rows(tracker, top: int, neuron: bool) -> list[dict]:
+    """The ``top`` largest groups live at the peak; on Neuron also each
+    program's private (over-a-page) scratchpad allocations."""
+    if not top:
+        return []
+    rows = [{"gib": round(b / GIB, 4), "count": c, "term": term, "op": op,
+             "shape": list(shape), "dtype": dtype}
+            for b, c, term, op, shape, dtype in tracker.largest_at_peak(top)]
+    if neuron:
+        for program_vars in tracker.large_vars.values():
+            for size, made_by in program_vars:
+                op, shape, dtype = made_by or ("?", (), "")
+                rows.append({"gib": round(size / GIB, 4), "count": 1,
+                             "term": "private_scratchpad", "op": op,
+                             "shape": list(shape), "dtype": dtype})
+    return rows

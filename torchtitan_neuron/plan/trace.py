@@ -1,0 +1,117 @@
+"""Build the recipe's trainer for one rank on FakeTensors and trace its step.
+
+The trainer is the recipe's own, built with torchtitan's fake process group
+(``comm.mode fake_backend``) for rank 0 of N, its model materialized as
+FakeTensors, random tokens of its vocabulary for data, and the plan backend
+for its compiled graphs. Step 1 compiles and creates the gradients and
+optimizer state; step 2 is the one measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, fields
+from unittest import mock
+
+import torch
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+from torchtitan_neuron.memory import StorageTracker, instrument, state_bytes
+from torchtitan_neuron.plan.backend import PlanBackend
+from torchtitan_neuron.plan.patches import fake_model_state, fast_tracing
+
+
+class DeviceAttentionSAC(SelectiveAC):
+    """Selective AC that saves attention as it would on CUDA or Neuron.
+
+    On CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``,
+    which torchtitan's save list lacks, so a CPU run recomputes attention in
+    the backward. CUDA's flash/efficient kernels and Neuron's
+    ``_scaled_dot_product_fused_attention_overrideable`` are in the list, so
+    there attention and its log-sum-exp are saved. Planning for those
+    targets saves the CPU kernel (same outputs, same shapes) as they would.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(SelectiveAC.Config):
+        pass
+
+    def get_save_ops(self) -> set:
+        return SelectiveAC.get_save_ops(self) | {
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def prepare_config(config, target: str, backend: PlanBackend) -> None:
+    """The recipe's config, set to run one fake rank on random tokens."""
+    from torchtitan_neuron.random_tokens import use_random_tokens
+
+    config.comm.mode = "fake_backend"
+    config.checkpoint.enable = False
+    config.debug.seed = None
+    config.metrics.enable_tensorboard = False
+    config.metrics.enable_wandb = False
+    use_random_tokens(config)
+    if config.compile.enable:
+        config.compile.backend = backend.name
+    ac = config.activation_checkpoint
+    if target != "cpu" and type(ac) is SelectiveAC.Config:
+        config.activation_checkpoint = DeviceAttentionSAC.Config(
+            **{f.name: getattr(ac, f.name) for f in fields(ac)})
+
+
+@contextlib.contextmanager
+def fake_world(ngpu: int):
+    """The environment torchtitan's fake backend reads (NGPU, RANK), and
+    MoE layers on grouped_mm, the kernel Neuron compiles (FakeTensors have
+    no token counts for the per-expert loop to split on)."""
+    from torchtitan_neuron.models.experts import EXPERT_KERNEL_ENV
+
+    env = {"NGPU": str(ngpu), "RANK": os.environ.get("RANK", "0"),
+           EXPERT_KERNEL_ENV: os.environ.get(EXPERT_KERNEL_ENV, "grouped_mm")}
+    with mock.patch.dict(os.environ, env):
+        yield
+
+
+def build_trainer(config, backend: PlanBackend):
+    """The recipe's trainer with a fake model; its step reads no values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchtitan_neuron.trainer import StepHook
+    import torchtitan.distributed.utils as dist_utils
+
+    hook = StepHook(
+        wrap_clip=lambda compiled: backend.traced_clip(dist_utils.clip_grad_norm_, compiled),
+        read_values=False)
+    with fake_model_state(FakeTensorMode(allow_non_fake_inputs=True)):
+        return config.build(step_hook=hook)
+
+
+def trace_step(trainer, backend: PlanBackend, tracker: StorageTracker) -> dict[str, int]:
+    """Run steps 1 and 2; return the persistent state's bytes after step 1.
+
+    The parameters are FakeTensors, so all the step computes from them is
+    too; the batches are real, so the little it reads back (the count of
+    valid tokens) is real. In step 2, micro-batches after the second repeat
+    the second's tensor lifetimes (the same graphs, with the gradients of
+    the earlier ones held), so two stand for any number.
+    """
+    accumulation = trainer.gradient_accumulation_steps
+    loader = trainer.dataloader
+    batches = [loader.batch() for _ in range(2 * accumulation)]
+    data = iter(batches)
+    instrument(trainer, tracker)
+    with fast_tracing():
+        trainer.step = 1
+        trainer.gradient_accumulation_steps = 1
+        with backend.outputs_only():
+            trainer.train_step(data)
+        state = state_bytes(trainer)
+        trainer.step = 2
+        trainer.gradient_accumulation_steps = min(accumulation, 2)
+        try:
+            with backend.tracking(tracker):
+                trainer.train_step(data)
+        finally:
+            trainer.gradient_accumulation_steps = accumulation
+    return state
