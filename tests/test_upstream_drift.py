@@ -129,6 +129,28 @@ PINNED: dict[str, dict[str, str]] = {
     "measured-memory-loss": {
         "torchtitan.trainer:Trainer.forward_backward_step": "b1f815b9a27e26bd",
     },
+    # The memory planner (torchtitan_neuron/plan/).
+    "plan-fake-init": {"torchtitan.protocols.module:Module._init_param": "1fb50c1893b486ff"},
+    "plan-fake-buffers": {
+        "torchtitan.protocols.model:BaseModel.init_weights": "f743523760725c0a",
+    },
+    "plan-fake-to-empty": {"torch.nn.modules.module:Module.to_empty": "ccee5059ff9c0a9b"},
+    "plan-joint-graph-text": {
+        "torch._functorch._aot_autograd.graph_compile:_log_joint_graph": "9312a2e731d4e8d4",
+    },
+    "plan-fw-bw-graph-text": {
+        "torch._functorch._aot_autograd.graph_compile:_log_fw_bw_graphs": "b70cf72fc73b475a",
+    },
+    "plan-sac-detach": {"torch.utils.checkpoint:_detach_helper": "27afb262e06c34c5"},
+    "plan-device-attention-sac": {
+        "torchtitan.distributed.activation_checkpoint:SelectiveAC.get_save_ops":
+            "d33eba0127fe72d8",
+    },
+    "quiet-metrics": {
+        "torchtitan.components.metrics:MetricsProcessor.should_log": "7a699ad8ece353f5",
+        "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
+    },
+    "plan-traced-clip": {"torchtitan.distributed.utils:clip_grad_norm_": "274e17c85b325b73"},
 }
 
 

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,7 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
 from torchtitan_neuron.checkpoint import make_saves_atomic
+from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.init import layout_invariant_init
 from torchtitan_neuron.memory import (
     StorageTracker,
@@ -175,8 +176,7 @@ class _NeuronTrainerMixin:
         self.step_hook = step_hook = step_hook or StepHook()
         if not step_hook.read_values:
             metrics = config.metrics
-            config.metrics = QuietMetricsProcessor.Config(
-                **{f.name: getattr(metrics, f.name) for f in fields(metrics)})
+            config.metrics = promote(metrics, QuietMetricsProcessor.Config)
         platform.install()
         resolve_compile_backend(config.compile)
         options = config.model

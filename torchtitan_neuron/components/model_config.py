@@ -15,7 +15,8 @@ from .rope import convert_decoder_rope
 
 
 def neuron_decoder_config(config, converters: list[ModelConfigConverter.Config] | None):
-    """Prefix-cache RoPE switch on every layer, count-once MoE, then converters."""
+    """The prefix-cache RoPE switch (off) on every layer, count-once MoE, then
+    ``converters``."""
     convert_decoder_rope(config)
     convert_moe_layers(config)
     if converters:
@@ -23,6 +24,14 @@ def neuron_decoder_config(config, converters: list[ModelConfigConverter.Config] 
         for converter in converters:
             config = converter.build().convert(config)
     return config
+
+
+def neuron_spec(
+    spec: ModelSpec, converters: list[ModelConfigConverter.Config] | None, **changes
+) -> ModelSpec:
+    """``spec`` with its model shaped by ``neuron_decoder_config`` and the other
+    ``changes`` (name, parallelize function, ...) applied."""
+    return replace(spec, model=neuron_decoder_config(spec.model, converters), **changes)
 
 
 def neuron_model_spec(
@@ -44,6 +53,4 @@ def neuron_model_spec(
     config = build_decoder_config_for_backend(
         flavor_configs[flavor], attn_backend, **builder_kwargs
     )
-    return replace(
-        upstream_registry(flavor), model=neuron_decoder_config(config, converters)
-    )
+    return neuron_spec(replace(upstream_registry(flavor), model=config), converters)

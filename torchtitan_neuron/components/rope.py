@@ -7,11 +7,13 @@ batch). Neuron does not support that gather. With
 cache is sliced (``cache[0:S]``) and broadcast over the batch instead.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
 from torchtitan.models.common.rope import ComplexRoPE, CosSinRoPE, RoPE
+
+from torchtitan_neuron.config_utils import promote
 
 
 class _PrefixCachePositions:
@@ -58,10 +60,17 @@ def with_prefix_cache_rope(rope: RoPE.Config) -> RoPE.Config:
             f"No prefix-cache variant for RoPE config {type(rope).__qualname__}; "
             f"supported: {[c.__qualname__ for c in _PREFIX_CACHE_CONFIG]}"
         )
-    return target(**{f.name: getattr(rope, f.name) for f in fields(rope)})
+    return promote(rope, target)
 
 
 def convert_decoder_rope(model_config) -> None:
     """Give every layer's attention a RoPE config with the prefix-cache switch."""
     for layer in model_config.layers:
         layer.attention.rope = with_prefix_cache_rope(layer.attention.rope)
+
+
+def use_prefix_cache_positions(model_config) -> None:
+    """Turn the switch on in every layer (after ``convert_decoder_rope``):
+    what a recipe for Neuron, which does not support the RoPE gather, does."""
+    for layer in model_config.layers:
+        layer.attention.rope.use_prefix_cache_for_positions = True

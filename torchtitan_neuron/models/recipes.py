@@ -1,11 +1,11 @@
 """The shaping every plain (torchtitan Trainer) Neuron recipe shares."""
 
-from dataclasses import fields
-
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform
+from torchtitan_neuron.components.rope import use_prefix_cache_positions
+from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
 from torchtitan_neuron.trainer import NeuronTrainer, neuron_compile_config
 
@@ -18,15 +18,12 @@ def neuron_trainer_config(
     compiled: bool = False,
 ) -> NeuronTrainer.Config:
     """``base`` on ``model_spec`` with the layout-invariant text loader, the
-    prefix-cache rotary path, an optional
-    pinned TP degree, and torch.compile on the ``neuron`` backend: over the
-    model, the loss and gradient clipping if ``compiled``, else over whatever
-    the base recipe already compiles."""
+    prefix-cache rotary path, an optional pinned TP degree, and torch.compile
+    on the ``neuron`` backend: over the model, the loss and gradient clipping
+    if ``compiled``, else over whatever the base recipe already compiles."""
     base.model_spec = model_spec
     base.dataloader = layout_invariant(base.dataloader)
-    # Neuron does not support the RoPE gather; use the prefix-cache positions path.
-    for layer in model_spec.model.layers:
-        layer.attention.rope.use_prefix_cache_for_positions = True
+    use_prefix_cache_positions(model_spec.model)
     if tp is not None:
         base.parallelism.tensor_parallel_degree = tp
     if compiled:
@@ -34,4 +31,4 @@ def neuron_trainer_config(
     elif base.compile.enable:
         # Whatever upstream compiles (e.g. DeepSeek's loss), compile it for Neuron.
         base.compile.backend = platform.NEURON_COMPILE_BACKEND
-    return NeuronTrainer.Config(**{f.name: getattr(base, f.name) for f in fields(base)})
+    return promote(base, NeuronTrainer.Config)

@@ -1,8 +1,9 @@
 """The planner's patches of torch and torchtitan, all in one place.
 
 Each is undone on exit, has a row in docs/upstream-workarounds.md, and
-``PATCHED`` lists the upstream functions whose source tests/test_plan_upstream.py
-hashes, so a torch or torchtitan upgrade that changes one fails that test.
+``PATCHED`` lists the upstream functions they replace; each one's source is
+pinned in tests/test_upstream_drift.py, so a torch or torchtitan upgrade that
+changes one fails there.
 """
 
 from __future__ import annotations

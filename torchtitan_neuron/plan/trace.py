@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from unittest import mock
 
 import torch
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
+from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.memory import StorageTracker, instrument, state_bytes
 from torchtitan_neuron.plan.backend import PlanBackend
 from torchtitan_neuron.plan.patches import fake_model_state, fast_tracing
@@ -56,8 +57,7 @@ def prepare_config(config, target: str, backend: PlanBackend) -> None:
         config.compile.backend = backend.name
     ac = config.activation_checkpoint
     if target != "cpu" and type(ac) is SelectiveAC.Config:
-        config.activation_checkpoint = DeviceAttentionSAC.Config(
-            **{f.name: getattr(ac, f.name) for f in fields(ac)})
+        config.activation_checkpoint = promote(ac, DeviceAttentionSAC.Config)
 
 
 @contextlib.contextmanager
@@ -65,7 +65,7 @@ def fake_world(ngpu: int):
     """The environment torchtitan's fake backend reads (NGPU, RANK), and
     MoE layers on grouped_mm, the kernel Neuron compiles (FakeTensors have
     no token counts for the per-expert loop to split on)."""
-    from torchtitan_neuron.models.experts import EXPERT_KERNEL_ENV
+    from torchtitan_neuron.components.experts import EXPERT_KERNEL_ENV
 
     env = {"NGPU": str(ngpu), "RANK": os.environ.get("RANK", "0"),
            EXPERT_KERNEL_ENV: os.environ.get(EXPERT_KERNEL_ENV, "grouped_mm")}

@@ -3,15 +3,13 @@
 Select with ``--module torchtitan_neuron.experiments.graph_trainer.llama3``.
 """
 
-from dataclasses import replace
-
 from torchtitan.experiments.graph_trainer.llama3 import (
     model_registry as graph_trainer_model_registry,
 )
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.components.model_config import neuron_decoder_config
+from torchtitan_neuron.components.model_config import neuron_spec
 
 from ..parallelize import parallelize_llama
 
@@ -23,10 +21,9 @@ def model_registry(
 ) -> ModelSpec:
     """graph_trainer's Llama 3 spec with the prefix-cache RoPE switch available
     on every layer and this project's parallelize function."""
-    spec = graph_trainer_model_registry(flavor, attn_backend=attn_backend)
-    return replace(
-        spec,
+    return neuron_spec(
+        graph_trainer_model_registry(flavor, attn_backend=attn_backend),
+        converters,
         name="simple_fsdp/llama3",
-        model=neuron_decoder_config(spec.model, converters),
         parallelize_fn=parallelize_llama,
     )
