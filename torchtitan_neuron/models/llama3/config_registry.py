@@ -38,20 +38,20 @@ def llama3_8b_neuron() -> NeuronTrainer.Config:
     return _llama3(llama3_8b())
 
 
-def llama3_8b_neuron_compiled() -> NeuronTrainer.Config:
-    return _llama3(llama3_8b(), compiled=True)
-
-
-def llama3_8b_tp4_fsdp16_sac() -> NeuronTrainer.Config:
-    return _llama3(_sac(llama3_8b()), tp=4)
-
-
 def llama3_debugmodel_neuron() -> NeuronTrainer.Config:
     return _llama3(cpu_rehearsal_llama3_debugmodel())
 
 
+def llama3_8b_neuron_compiled() -> NeuronTrainer.Config:
+    return _llama3(llama3_8b(), compiled=True)
+
+
 def llama3_debugmodel_neuron_compiled() -> NeuronTrainer.Config:
     return _llama3(cpu_rehearsal_llama3_debugmodel(), compiled=True)
+
+
+def llama3_8b_tp4_fsdp16_sac() -> NeuronTrainer.Config:
+    return _llama3(_sac(llama3_8b()), tp=4)
 
 
 def llama3_debugmodel_tp2_fsdp2_sac() -> NeuronTrainer.Config:
