@@ -5,8 +5,8 @@ compiled with inductor is saved to the AOTAutograd cache on the first run and
 loaded from it by a second process with the same TORCHINDUCTOR_CACHE_DIR,
 instead of being bypassed ("SAC context_fn does not have a cache_hash"); and
 equal policies share one named, picklable context function. The first-step
-times of a real `make train` run, cold and warm, are in the README
-(scripts/bench_compile_cache.py).
+times of a real `make train` run, cold and warm, are measured by
+`make bench-cache` (scripts/bench_compile_cache.py; docs/benchmarks.md).
 
 Tier: the two compiling processes are e2e, in ``make test-slow``; the
 policy check is fast.

@@ -48,7 +48,7 @@ UNPATCHED_DEVICE_COPIES = frozenset(
 
 # Compile backends that only exist on one platform and what stands in for
 # them elsewhere. On CPU, inductor (C++ codegen) beat aot_eager in steady
-# state (see README, "Choosing the CPU compile backend").
+# state (docs/architecture.md, "Compile cache").
 _LOCAL_COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 NEURON_COMPILE_BACKEND = "neuron"
 _PLATFORM_ONLY_BACKENDS = {NEURON_COMPILE_BACKEND: "neuron"}

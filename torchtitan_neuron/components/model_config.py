@@ -48,7 +48,7 @@ def neuron_model_spec(
 
     Upstream's ``get_attention_config`` refuses ``sdpa`` for language models;
     graph_trainer's builder swaps it in per layer (SDPA ignores document
-    boundaries, see the README).
+    boundaries, see docs/documents.md).
     """
     config = build_decoder_config_for_backend(
         flavor_configs[flavor], attn_backend, **builder_kwargs
