@@ -41,8 +41,13 @@ def test_step_lines_with_and_without_time_and_throughput():
     assert steps[2].tps == 900 and steps[2].time.second == 3
 
 
+# A shell that runs the tests in the background starts them with SIGINT
+# ignored, which every child inherits, and Python then installs no
+# KeyboardInterrupt handler: the stand-in launcher restores it, as torchrun
+# does by installing its own handler.
 _SPAWNS_OWN_SESSION = """
-import subprocess, sys, time
+import signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                          start_new_session=True)
 print("\\x1b[31mready\\x1b[39m", child.pid, flush=True)
