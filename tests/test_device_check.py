@@ -9,7 +9,8 @@ recipe skipped at an odd count; a forced platform is refused outside a dry run.
 With a stand-in launcher and interpreter (a copy of the script beside them) it
 shows the real-run path: step lines printed without colours, one summary line
 per run with its losses, the rehearsal's verdict from its JSON, the whole
-output in the log, and exit 1 when a run failed.
+output in the log, and exit 1 when a run failed; a run past its time limit is
+stopped (exit 124) and named as such.
 
 Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_device_check.py -q
@@ -131,20 +132,30 @@ exec {sys.executable} "$@"
 """
 
 
-def test_a_run_prints_step_lines_summaries_and_keeps_a_log(tmp_path):
-    (tmp_path / "scripts").mkdir()
-    script = tmp_path / "scripts" / "device_check.sh"
+def stand_in_checkout(root: Path, launcher: str, python: str) -> Path:
+    """A copy of the script with the given launcher and interpreter beside it."""
+    (root / "scripts").mkdir()
+    script = root / "scripts" / "device_check.sh"
     shutil.copy(SCRIPT, script)
-    for name, text in (("run_train.sh", STAND_IN_LAUNCHER), ("python", STAND_IN_PYTHON)):
-        (tmp_path / name).write_text(text)
-        (tmp_path / name).chmod(0o755)
+    for name, text in (("run_train.sh", launcher), ("python", python)):
+        (root / name).write_text(text)
+        (root / name).chmod(0o755)
+    return script
+
+
+def test_a_run_prints_step_lines_summaries_and_keeps_a_log(tmp_path):
+    script = stand_in_checkout(tmp_path, STAND_IN_LAUNCHER, STAND_IN_PYTHON)
     log = tmp_path / "check.log"
     result = device_check("--steps", "4", "--log", str(log), script=script,
                           PYTHON=str(tmp_path / "python"))
     out = result.stdout
     assert result.returncode == 1, result.stderr
     assert "\033" not in out
-    assert out.count("step:  1  loss:  9.50000") == 2
+    lines = out.splitlines()
+    for step in range(1, 5):  # the passing run's step lines, colours removed
+        assert f"[rank0]:2026-12-01 06:00:0{step},000 - root - INFO - step:  {step}  loss:  " \
+               f"{10 - step}.50000  grad_norm:  1.0000  memory:  1.00GiB(1.00%)" in lines
+    assert "launching NGPU=4 simple_fsdp_llama3_debugmodel" not in out  # only its step lines
     assert "passed  simple_fsdp_llama3_debugmodel  NGPU=4  steps 4/4  loss 9.50000 -> 6.50000" \
            "  exit 0" in out
     assert "FAILED  simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2  NGPU=4  steps 2/4  " \
@@ -158,3 +169,16 @@ def test_a_run_prints_step_lines_summaries_and_keeps_a_log(tmp_path):
     assert "launching NGPU=4 simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2 " \
            "--training.steps 4 --dataloader.dataset c4_test" in text
     assert '"reasons": ["graph break at model.py:7"]' in text
+
+
+def test_a_run_past_its_time_limit_is_stopped_and_failed(tmp_path):
+    hanging = "#!/usr/bin/env bash\necho starting\nexec sleep 60\n"
+    on_cuda = STAND_IN_PYTHON.replace("neuron 4 torch stand-in", "cuda 1 torch stand-in")
+    script = stand_in_checkout(tmp_path, hanging, on_cuda)
+    result = device_check("--timeout", "1", "--log", str(tmp_path / "check.log"),
+                          script=script, PYTHON=str(tmp_path / "python"))
+    assert result.returncode == 1, result.stderr
+    for config in ("simple_fsdp_llama3_debugmodel", "llama3_debugmodel_neuron_compiled"):
+        assert f"FAILED  {config}  NGPU=1  steps none/10  loss none -> none  exit 124" \
+               in result.stdout
+    assert result.stdout.count("stopped at the 1 s limit") == 2
