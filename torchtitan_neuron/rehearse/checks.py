@@ -158,8 +158,8 @@ def check_graph(gm: torch.fx.GraphModule, name: str) -> GraphFacts:
 # outside any compiled graph.
 HEAVY_EAGER_OPS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten._grouped_mm",
                              "aten._scaled_dot_product_fused_attention_overrideable"})
-_TORCH_DIR = str(Path(torch.__file__).parent)
-_REHEARSAL_DIR = str(Path(__file__).parent)
+_TORCH_DIR = str(Path(torch.__file__).parent) + "/"
+_REHEARSAL_DIR = str(Path(__file__).parent) + "/"
 
 
 def caller() -> str | None:
