@@ -8,6 +8,10 @@
 #   COMM_MODE unset: a real run of NGPU ranks under torchrun. Otherwise one of
 #             plan: print the memory plan for one of NGPU ranks instead of
 #               training (python -m torchtitan_neuron.plan; add --target, --sweep)
+#             rehearse: trace the first two steps as one of NGPU ranks on the
+#               neuron branch, without Trainium, and check what would go to
+#               the Neuron compiler (python -m torchtitan_neuron.rehearse;
+#               add --target, --json); exit 0 ready, 1 not ready, 2 bad recipe
 #             fake_backend: torchtitan's dry run, as upstream's run_train.sh
 #               does it: one process, no torchrun, fake process groups of NGPU
 #               ranks (RANK picks the rank simulated, default 0); builds the
@@ -47,16 +51,20 @@ fi
 
 COMM_MODE=${COMM_MODE:-}
 case "$COMM_MODE" in
-    ""|plan|fake_backend|local_tensor) ;;
+    ""|plan|rehearse|fake_backend|local_tensor) ;;
     *)
         echo "Error: COMM_MODE=$COMM_MODE is not a mode of this launcher. Leave" \
-             "COMM_MODE unset for a real run, or set it to plan, fake_backend or" \
-             "local_tensor." >&2
+             "COMM_MODE unset for a real run, or set it to plan, rehearse," \
+             "fake_backend or local_tensor." >&2
         exit 2 ;;
 esac
 
 if [ "$COMM_MODE" = "plan" ]; then
     exec "$PYTHON" -m torchtitan_neuron.plan --module "$MODULE" --config "$CONFIG" --ngpu "$NGPU" "$@"
+fi
+
+if [ "$COMM_MODE" = "rehearse" ]; then
+    exec "$PYTHON" -m torchtitan_neuron.rehearse --module "$MODULE" --config "$CONFIG" --ngpu "$NGPU" "$@"
 fi
 
 if [ "$COMM_MODE" = "fake_backend" ] || [ "$COMM_MODE" = "local_tensor" ]; then

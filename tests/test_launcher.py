@@ -85,5 +85,5 @@ def test_unknown_comm_mode_is_refused_with_the_accepted_values(run):
     result = run(FAST, env={"COMM_MODE": "fake"})
     assert result.returncode == 2
     assert "COMM_MODE=fake is not a mode of this launcher" in result.output
-    assert "plan, fake_backend or local_tensor" in result.output
+    assert "plan, rehearse, fake_backend or local_tensor" in result.output
     assert "Training starts" not in result.output

@@ -151,6 +151,31 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
     },
     "plan-traced-clip": {"torchtitan.distributed.utils:clip_grad_norm_": "274e17c85b325b73"},
+    # The neuron branch's device module (platform.py) and the rehearsal
+    # (torchtitan_neuron/rehearse/).
+    "neuron-device-module": {
+        "torchtitan.tools.utils:get_device_info": "028417d78046c5ed",
+        "torchtitan.components.metrics:DeviceMemoryMonitor.get_peak_stats": "eda5f044a9f92205",
+    },
+    "rehearse-device": {
+        "torch.utils.backend_registration:_setup_privateuseone_for_python_backend":
+            "d717d7b4fcf5626e",
+    },
+    "rehearse-fused-sdpa": {
+        "torch._meta_registrations:meta__scaled_dot_product_fused_attention_overrideable":
+            "162b3defce2152a0",
+        "torch._meta_registrations:"
+        "meta__scaled_dot_product_fused_attention_overrideable_backward": "a58a52fe021beaba",
+    },
+    "rehearse-process-group": {
+        "torch.testing._internal.distributed.fake_pg:_create_fake_pg": "9f06d0f58a476e60",
+        "torchtitan.distributed.utils:init_fake_mode": "258a62002f60fdf6",
+        "torchtitan.distributed.utils:init_distributed": "49182e2c01f50b5e",
+    },
+    "rehearse-graph-break-record": {
+        "torch._dynamo.output_graph:GraphCompileReason": "4c66dbce75307a51",
+        "torch._dynamo.exc:Unsupported": "9acc8ad0513f04fd",
+    },
 }
 
 

@@ -86,14 +86,24 @@ def _module_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+# TorchNeuron registers the PrivateUse1 device ``neuron``, the process-group
+# backend ``neuron`` and the torch.compile backend ``neuron``
+# (awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/index.html,
+# torch/guides/torch-distributed.html, torch/compile/reference-torch-compile.html).
+NEURON = Platform("neuron", "neuron", "neuron", NEURON_COMPILE_BACKEND)
+
+
 def detect(
     *,
     module_available=_module_available,
     cuda_available=torch.cuda.is_available,
 ) -> Platform:
-    """Pick the platform: neuron if torch-neuronx is present, then cuda, then cpu."""
+    """Pick the platform: neuron if torch-neuronx is present, then cuda, then cpu.
+
+    A rehearsal of the Neuron branch (``torchtitan_neuron.rehearse``) does not
+    detect: it passes ``NEURON`` to ``install()`` itself."""
     if module_available("torch_neuronx"):
-        return Platform("neuron", "neuron", "neuron", "neuron")
+        return NEURON
     if cuda_available():
         return Platform("cuda", "cuda", "nccl", _LOCAL_COMPILE_BACKEND["cuda"])
     return Platform("cpu", "cpu", "gloo", _LOCAL_COMPILE_BACKEND["cpu"])
@@ -129,14 +139,12 @@ def device_count(platform_name: str) -> int | None:
     if platform_name == "cuda":
         return torch.cuda.device_count()
     if platform_name == "neuron":
-        # TorchNeuron registers ``neuron`` as a PrivateUse1 device, which
-        # torch.accelerator reports; torch.neuron is its device module.
-        try:
-            import torch_neuronx  # noqa: F401  (registers the neuron device)
-        except Exception:
-            return None
-        for count in (lambda: torch.accelerator.device_count(),
-                      lambda: torch.neuron.device_count()):
+        # TorchNeuron is autoloaded with torch and registers ``neuron`` as the
+        # PrivateUse1 device with ``torch.neuron`` as its device module
+        # (awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/index.html):
+        # no ``import torch_neuronx`` is needed to count NeuronCores.
+        for count in (lambda: torch.neuron.device_count(),
+                      lambda: torch.accelerator.device_count()):
             try:
                 return int(count())
             except Exception:
@@ -393,29 +401,105 @@ def per_rank_compile_cache() -> str | None:
     return path
 
 
-def install(platform: Platform | None = None) -> Platform:
-    """Adapt torchtitan's device globals to the detected platform, once.
+# Where TorchNeuron keeps compiled NEFFs unless TORCH_NEURONX_NEFF_CACHE_DIR
+# says otherwise (awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/
+# reference/env-vars.html).
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+DEFAULT_NEFF_CACHE = "/tmp/neff_cache"
 
-    On CPU it sets ``device_type="cpu"`` and a CPU device module in every
-    module listed in ``DEVICE_GLOBAL_COPIES``, makes ``get_local_device``
-    return the host device, and points MFU at the CPU matmul peak. On neuron
-    and cuda, torchtitan's own detection is already right and nothing is
-    touched. On every platform a launched rank gets its own compile cache
-    (``per_rank_compile_cache``). Calling it again is a no-op.
+
+def per_rank_neff_cache() -> str | None:
+    """Give this rank its own NEFF cache directory, as
+    ``per_rank_compile_cache`` does for inductor: ``$TORCH_NEURONX_NEFF_CACHE_DIR``
+    (or TorchNeuron's default) stays the root and each rank uses
+    ``<root>/rank<R>-of-<N>``, so ranks whose graphs differ only in their
+    process group's name never share a compiled program."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    root = os.environ.get(NEFF_CACHE_ENV) or DEFAULT_NEFF_CACHE
+    path = os.path.join(root, f"rank{rank}-of-{world}")
+    os.environ[NEFF_CACHE_ENV] = path
+    return path
+
+
+class NeuronDeviceModule:
+    """``torch.neuron`` as torchtitan uses ``torch.cuda``, except that every
+    memory statistic is read after ``torch.neuron.synchronize()``.
+
+    AWS: "The Neuron allocator is asynchronous. Always call
+    torch.neuron.synchronize() before you read any memory statistic"; the
+    statistics are ``torch_neuronx``'s memory functions
+    (awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/guides/
+    memory-profiling-guide.html). Everything else is ``torch.neuron``'s.
+    """
+
+    MEMORY_READS = ("memory_stats", "reset_peak_memory_stats")
+
+    def __getattr__(self, name: str):
+        return getattr(torch.neuron, name)
+
+    @staticmethod
+    def _memory_functions():
+        try:
+            import torch_neuronx
+
+            return torch_neuronx
+        except ImportError:  # a rehearsal's stand-in device module has them
+            return torch.neuron
+
+    def memory_stats(self, device=None) -> dict[str, int]:
+        torch.neuron.synchronize()
+        return self._memory_functions().memory_stats(device)
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        torch.neuron.synchronize()
+        self._memory_functions().reset_peak_memory_stats(device)
+
+
+def _install_neuron() -> list[str]:
+    touched = []
+    module = NeuronDeviceModule()
+    for module_name, names in DEVICE_GLOBAL_COPIES.items():
+        target = importlib.import_module(module_name)
+        for name in names:
+            setattr(target, name, "neuron" if name == "device_type" else module)
+            touched.append(f"{module_name}.{name}")
+    return touched
+
+
+def install(platform: Platform | None = None) -> Platform:
+    """Adapt torchtitan's device globals to the platform, once.
+
+    ``platform`` is the detected one unless given (the rehearsal gives
+    ``NEURON``). On CPU it sets ``device_type="cpu"`` and a CPU device module
+    in every module listed in ``DEVICE_GLOBAL_COPIES``, makes
+    ``get_local_device`` return the host device, and points MFU at the CPU
+    matmul peak. On neuron it sets ``device_type="neuron"`` and
+    ``NeuronDeviceModule`` there (memory read after a synchronize), and each
+    launched rank gets its own NEFF cache. On cuda torchtitan's own detection
+    is right and nothing is touched. On every platform a launched rank gets
+    its own inductor cache (``per_rank_compile_cache``). Calling it again is
+    a no-op.
     """
     global _installed
     if _installed is not None:
         return _installed
     platform = platform or detect()
-    touched = _install_cpu() if platform.name == "cpu" else []
-    cache = per_rank_compile_cache()
+    touched = {"cpu": _install_cpu, "neuron": _install_neuron}.get(
+        platform.name, lambda: [])()
+    caches = [per_rank_compile_cache()]
+    if platform.name == "neuron":
+        caches.append(per_rank_neff_cache())
     _installed = platform
+    caches = [c for c in caches if c]
     logger.info(
         f"torchtitan_neuron platform: {platform.name} (device {platform.device_type}, "
         f"process group {platform.dist_backend}, compile backend "
         f"{platform.compile_backend})"
-        + (f"; adapted {len(touched)} torchtitan globals for CPU" if touched else "")
-        + (f"; compile cache {cache}" if cache else "")
+        + (f"; adapted {len(touched)} torchtitan globals for {platform.name}"
+           if touched else "")
+        + (f"; compile cache {', '.join(caches)}" if caches else "")
     )
     return _installed
 

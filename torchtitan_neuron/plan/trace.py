@@ -43,16 +43,23 @@ class DeviceAttentionSAC(SelectiveAC):
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 
-def prepare_config(config, target: str, backend: PlanBackend) -> None:
-    """The recipe's config, set to run one fake rank on random tokens."""
+def traced_config(config) -> None:
+    """Settings every traced (not trained) step needs, the planner's and the
+    rehearsal's: no checkpoint, no seeded init (FakeTensors hold no values),
+    no metric writers, random tokens of the recipe's vocabulary."""
     from torchtitan_neuron.random_tokens import use_random_tokens
 
-    config.comm.mode = "fake_backend"
     config.checkpoint.enable = False
     config.debug.seed = None
     config.metrics.enable_tensorboard = False
     config.metrics.enable_wandb = False
     use_random_tokens(config)
+
+
+def prepare_config(config, target: str, backend: PlanBackend) -> None:
+    """The recipe's config, set to run one fake rank on random tokens."""
+    traced_config(config)
+    config.comm.mode = "fake_backend"
     if config.compile.enable:
         config.compile.backend = backend.name
     ac = config.activation_checkpoint
@@ -83,7 +90,13 @@ def build_trainer(config, backend: PlanBackend):
     hook = StepHook(
         wrap_clip=lambda compiled: backend.traced_clip(dist_utils.clip_grad_norm_, compiled),
         read_values=False)
-    with fake_model_state(FakeTensorMode(allow_non_fake_inputs=True)):
+    return build_fake_trainer(config, hook, FakeTensorMode(allow_non_fake_inputs=True))
+
+
+def build_fake_trainer(config, hook, fake_mode):
+    """The recipe's trainer, its model materialized as FakeTensors of
+    ``fake_mode``, built with ``hook`` (``StepHook``)."""
+    with fake_model_state(fake_mode):
         return config.build(step_hook=hook)
 
 
