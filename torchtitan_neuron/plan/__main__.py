@@ -16,18 +16,11 @@ import sys
 
 import torchtitan_neuron.plan as package
 from torchtitan_neuron.plan.report import TARGETS
+from torchtitan_neuron.tool_cli import checked_config, recipe_parser
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchtitan_neuron.plan", description=package.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
-    )
-    parser.add_argument("--module", required=True)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--ngpu", type=int, default=int(os.environ.get("NGPU", "1")))
-    parser.add_argument("--target", default="trn2", choices=list(TARGETS))
-    parser.add_argument("--json", action="store_true")
+    parser = recipe_parser("python -m torchtitan_neuron.plan", package.__doc__, TARGETS)
     parser.add_argument("--capacity-gib", type=float, default=None,
                         help="device memory per rank, in place of the target's figure")
     parser.add_argument("--top", type=int, default=0, metavar="N",
@@ -40,20 +33,15 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     opts, overrides = parse(argv)
 
-    from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger, logger
 
     from torchtitan_neuron.plan.core import plan
     from torchtitan_neuron.plan.sweep import sweep
-    from torchtitan_neuron.preflight import PreflightError, check_layout, check_recipe
+    from torchtitan_neuron.preflight import PreflightError
 
     init_logger()
     try:
-        check_recipe(opts.module, opts.config)
-        config = ConfigManager().parse_args(
-            ["--module", opts.module, "--config", opts.config, *overrides]
-        )
-        check_layout(config, opts.ngpu)
+        config = checked_config(opts, overrides)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -10,20 +10,13 @@ import os
 import sys
 
 import torchtitan_neuron.rehearse as package
+from torchtitan_neuron.tool_cli import checked_config, recipe_parser
 
 TARGETS = ("trn2", "trn3")
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchtitan_neuron.rehearse", description=package.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
-    )
-    parser.add_argument("--module", required=True)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--ngpu", type=int, default=int(os.environ.get("NGPU", "1")))
-    parser.add_argument("--target", default="trn2", choices=list(TARGETS))
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = recipe_parser("python -m torchtitan_neuron.rehearse", package.__doc__, TARGETS)
     return parser.parse_known_args(argv)
 
 
@@ -36,21 +29,16 @@ def main(argv: list[str] | None = None) -> int:
 
     device.setup(opts.target)
 
-    from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger, logger
 
     from torchtitan_neuron import platform
-    from torchtitan_neuron.preflight import (
-        PreflightError, check_layout, check_ngpu, check_recipe)
+    from torchtitan_neuron.preflight import PreflightError, check_ngpu
     from torchtitan_neuron.rehearse.core import rehearse
 
     init_logger()
     try:
-        check_recipe(opts.module, opts.config)
-        config = ConfigManager().parse_args(
-            ["--module", opts.module, "--config", opts.config, *overrides])
         check_ngpu(opts.ngpu, "neuron", platform.device_count("neuron"))
-        check_layout(config, opts.ngpu)
+        config = checked_config(opts, overrides)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
