@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     init_logger()
     try:
-        check_ngpu(opts.ngpu, "neuron", platform.device_count("neuron"))
+        check_ngpu(opts.ngpu, platform.NEURON.name, platform.device_count(platform.NEURON.name))
         config = checked_config(opts, overrides)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)

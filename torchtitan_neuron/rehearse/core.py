@@ -63,7 +63,7 @@ def _branch_notes(installed, module) -> dict:
     return {
         "platform": f"{installed.name} (device {tt_utils.device_type}, process group "
                     f"{installed.dist_backend})",
-        "NeuronCores on this host": platform.device_count("neuron"),
+        "NeuronCores on this host": platform.device_count(platform.NEURON.name),
         "NEFF cache": os.environ.get(platform.NEFF_CACHE_ENV),
         "inductor cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }
