@@ -4,13 +4,14 @@ Proves: ``python -m torchtitan_neuron.plan --json`` prints peak, capacity,
 verdict and a breakdown for rank 0 of N without allocating the model, with
 AdamW's two moments per parameter; ``COMM_MODE=plan ./run_train.sh`` plans the
 same command for trn2, with the Neuron runtime's scratchpad and micro-code
-terms; a compiled program's boundary tensors, shared scratchpad and private
+terms; a trn2 plan traces on the neuron branch the same graphs (count and op
+histogram) the rehearsal checks; a compiled program's boundary tensors, shared scratchpad and private
 (over-a-page) intermediates are told apart on a real compiled function; the
 sweep names the tutorial's order of fixes (full AC, then TP, then a smaller
 batch) at a fixed global batch. Planned against measured
 memory, and across AC modes, is in test_memory.py.
 
-Tier: the two planner launches are e2e, in ``make test-slow``; the rest fast.
+Tier: the three planner launches are e2e, in ``make test-slow``; the rest fast.
 Run: .venv/bin/python -m pytest tests/test_plan.py -q
 """
 
@@ -30,11 +31,11 @@ ARGS = ["--hf_assets_path=./tests/assets/tokenizer", "--training.seq_len=1024",
         "--training.local_batch_size=8", "--compile.backend=aot_eager"]
 
 
-def _plan(ngpu: int, *extra: str) -> dict:
+def _plan(ngpu: int, *extra: str, target: str = "cpu") -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "torchtitan_neuron.plan", "--module", LLAMA_MODULE,
          "--config", "simple_fsdp_llama3_debugmodel", f"--ngpu={ngpu}",
-         "--target=cpu", "--json", *ARGS, *extra],
+         f"--target={target}", "--json", *ARGS, *extra],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -56,6 +57,25 @@ def test_json_plan_has_the_verdict_and_breakdown():
     assert p["peak_gib"] >= sum(parts.values()) - 1e-3
     # fp32 AdamW: two moments per parameter.
     assert parts["optimizer_state"] == pytest.approx(2 * parts["sharded_parameters"], rel=0.01)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_trn2_plan_traces_the_rehearsals_neuron_graphs():
+    p = _plan(2, target="trn2")
+    assert p["trace"]["device"] == "neuron" and p["trace"]["compile_backend"] == "neuron"
+    # The rehearsal of the same recipe and layout (its own compile backend,
+    # ``neuron``, in place of the plan's) hands over the same graphs.
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchtitan_neuron.rehearse", "--module", LLAMA_MODULE,
+         "--config", "simple_fsdp_llama3_debugmodel", "--ngpu=2", "--json",
+         *[a for a in ARGS if not a.startswith("--compile.backend")]],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    report = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
+    assert p["trace"]["graphs"] == len(report["graphs"]) > 0
+    assert p["trace"]["ops"] == report["ops"]
+    assert "aten._scaled_dot_product_fused_attention_overrideable" in p["trace"]["ops"]
 
 
 @pytest.mark.e2e

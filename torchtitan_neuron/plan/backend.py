@@ -23,13 +23,18 @@ class PlanBackend:
     """One registered Dynamo backend, with the tracker its programs report
     to and whether they run at all."""
 
-    def __init__(self):
+    def __init__(self, name: str | None = None):
         from torch._dynamo.backends.common import aot_autograd
 
         self.tracker = None
         self.skip_ops = False
+        # Each partitioned graph's op histogram, named as the rehearsal names
+        # them, so a plan can show it traced the graphs the rehearsal checks.
+        self.graphs: list = []
         serial = next(_NAMES)
-        self.name = "torchtitan_neuron_plan" + (f"_{serial}" if serial else "")
+        # On a Neuron target it stands in for torch.compile's ``neuron``
+        # backend, the name the neuron platform resolves recipes to.
+        self.name = name or "torchtitan_neuron_plan" + (f"_{serial}" if serial else "")
         torch._dynamo.register_backend(name=self.name,
                                        compiler_fn=aot_autograd(**self.aot_settings()))
 
@@ -61,7 +66,14 @@ class PlanBackend:
             self.tracker = None
 
     def _compile(self, gm, example_inputs):
+        from collections import Counter
+
         from torch.fx.graph import _BoxedCodeGen
+
+        from torchtitan_neuron.rehearse.checks import op_name
+
+        self.graphs.append(Counter(op_name(n.target) for n in gm.graph.nodes
+                                   if n.op == "call_function"))
 
         gm.graph.set_codegen(_BoxedCodeGen())
         gm.recompile()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from torchtitan_neuron.memory import StorageTracker
 from torchtitan_neuron.plan.neuron import NEURON_TARGETS, scratchpad_page_bytes, step_terms
 from torchtitan_neuron.plan.report import GIB, Plan, ac_name, capacity_gib, largest_rows
@@ -11,22 +13,19 @@ CATEGORIES = ("gathered_parameters", "saved_activations", "logits_and_loss", "te
 
 def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     """Trace ``config``'s training step for rank 0 of ``ngpu`` on
-    FakeTensors and return its peak memory on ``target``."""
-    from torchtitan_neuron import platform
-    from torchtitan_neuron.plan.backend import PlanBackend
-    from torchtitan_neuron.plan.trace import build_trainer, fake_world, prepare_config, trace_step
+    FakeTensors and return its peak memory on ``target``.
 
-    platform.install()
-    backend = PlanBackend()
-    prepare_config(config, target, backend)
+    A Neuron target is traced on the neuron branch, as the rehearsal traces
+    it (device and process group ``neuron``, SDPA's fused op), with this
+    backend standing in for torch.compile's ``neuron``; others on the CPU
+    device and torchtitan's fake process group."""
     neuron = target in NEURON_TARGETS
     tracker = StorageTracker(record_peak=top > 0)
     page = scratchpad_page_bytes()
     if neuron:
         tracker.large_var_bytes = page
-    with fake_world(ngpu):
-        trainer = build_trainer(config, backend)
-        state = trace_step(trainer, backend, tracker)
+    trainer, state, backend = (_neuron_trace if neuron else _host_trace)(
+        config, ngpu, target, tracker)
     step_bytes, step_breakdown = step_terms(tracker, CATEGORIES, neuron, page)
     breakdown = {k: v / GIB for k, v in state.items()}
     breakdown.update(step_breakdown)
@@ -34,8 +33,47 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
         recipe=recipe, ngpu=ngpu, target=target, layout=layout(config, trainer),
         peak_gib=(sum(state.values()) + step_bytes) / GIB,
         capacity_gib=capacity_gib(target, ngpu), breakdown=breakdown,
-        largest=largest_rows(tracker, top, neuron),
+        largest=largest_rows(tracker, top, neuron), trace=trace_facts(backend),
     )
+
+
+def trace_facts(backend) -> dict:
+    """Where the step was traced: the device, the compile backend's name,
+    the partitioned graphs and their ops."""
+    import torchtitan.tools.utils as tt_utils
+
+    ops: Counter = Counter()
+    for graph in backend.graphs:
+        ops.update(graph)
+    return {"device": tt_utils.device_type, "compile_backend": backend.name,
+            "graphs": len(backend.graphs), "ops": dict(sorted(ops.items()))}
+
+
+def _host_trace(config, ngpu: int, target: str, tracker):
+    from torchtitan_neuron import platform
+    from torchtitan_neuron.plan.backend import PlanBackend
+    from torchtitan_neuron.plan.trace import build_trainer, fake_world, prepare_config, trace_step
+
+    platform.install()
+    backend = PlanBackend()
+    prepare_config(config, target, backend)
+    with fake_world(ngpu):
+        trainer = build_trainer(config, backend)
+        return trainer, trace_step(trainer, backend, tracker), backend
+
+
+def _neuron_trace(config, ngpu: int, target: str, tracker):
+    from torchtitan_neuron import platform
+    from torchtitan_neuron.plan.backend import PlanBackend
+    from torchtitan_neuron.plan.trace import build_trainer, neuron_world, prepare_config, trace_step
+    from torchtitan_neuron.rehearse.device import HostToFakeDevice
+
+    with neuron_world(ngpu, target) as (_, _, fake_mode):
+        backend = PlanBackend(platform.NEURON_COMPILE_BACKEND)
+        prepare_config(config, target, backend, neuron=True)
+        with HostToFakeDevice(fake_mode):
+            trainer = build_trainer(config, backend, fake_mode)
+            return trainer, trace_step(trainer, backend, tracker), backend
 
 
 def layout(config, trainer) -> dict:

@@ -24,6 +24,7 @@ class Plan:
     capacity_gib: float
     breakdown: dict = field(default_factory=dict)
     largest: list = field(default_factory=list)
+    trace: dict = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -41,6 +42,7 @@ class Plan:
             "headroom_gib": round(self.headroom_gib, 4),
             "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
             **({"largest_at_peak": self.largest} if self.largest else {}),
+            **({"trace": self.trace} if self.trace else {}),
         }
 
     def describe(self) -> str:

@@ -24,14 +24,15 @@ from torchtitan_neuron.plan.patches import fake_model_state, fast_tracing
 
 
 class DeviceAttentionSAC(SelectiveAC):
-    """Selective AC that saves attention as it would on CUDA or Neuron.
+    """Selective AC that saves attention as it would on CUDA.
 
     On CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``,
     which torchtitan's save list lacks, so a CPU run recomputes attention in
-    the backward. CUDA's flash/efficient kernels and Neuron's
-    ``_scaled_dot_product_fused_attention_overrideable`` are in the list, so
-    there attention and its log-sum-exp are saved. Planning for those
-    targets saves the CPU kernel (same outputs, same shapes) as they would.
+    the backward. CUDA's flash/efficient kernels are in the list, so there
+    attention and its log-sum-exp are saved. Planning for CUDA saves the CPU
+    kernel (same outputs, same shapes) as CUDA would. Neuron targets need
+    none of this: they trace on the fake ``neuron`` device, where SDPA is
+    ``_scaled_dot_product_fused_attention_overrideable``, already in the list.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -56,15 +57,39 @@ def traced_config(config) -> None:
     use_random_tokens(config)
 
 
-def prepare_config(config, target: str, backend: PlanBackend) -> None:
-    """The recipe's config, set to run one fake rank on random tokens."""
+def prepare_config(config, target: str, backend: PlanBackend, neuron: bool = False) -> None:
+    """The recipe's config, set to run one fake rank on random tokens: on
+    torchtitan's fake process group, or on the ``neuron`` one that
+    ``neuron_world`` initialises."""
     traced_config(config)
-    config.comm.mode = "fake_backend"
+    if not neuron:
+        config.comm.mode = "fake_backend"
     if config.compile.enable:
         config.compile.backend = backend.name
     ac = config.activation_checkpoint
-    if target != "cpu" and type(ac) is SelectiveAC.Config:
+    if target == "cuda" and type(ac) is SelectiveAC.Config:
         config.activation_checkpoint = promote(ac, DeviceAttentionSAC.Config)
+
+
+@contextlib.contextmanager
+def neuron_world(ngpu: int, target: str):
+    """Rank 0 of ``ngpu`` on the neuron branch, as the rehearsal runs it:
+    the stand-in ``neuron`` device (``rehearse.device.setup``, once per
+    process), the platform installed as on a trn2 host, the ``neuron``
+    process group. Yields (installed platform, device module, fake mode);
+    host data copied to ``neuron`` becomes fake inside."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchtitan_neuron import platform
+    from torchtitan_neuron.rehearse import device
+
+    module = device.setup(target)
+    env = {"WORLD_SIZE": str(ngpu), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(
+        min(ngpu, device.HOST_CORES[target]))}
+    with fake_world(ngpu), mock.patch.dict(os.environ, env):
+        installed = platform.install(platform.NEURON)
+        device.init_process_group(ngpu)
+        yield installed, module, FakeTensorMode(allow_non_fake_inputs=True)
 
 
 @contextlib.contextmanager
@@ -80,7 +105,7 @@ def fake_world(ngpu: int):
         yield
 
 
-def build_trainer(config, backend: PlanBackend):
+def build_trainer(config, backend: PlanBackend, fake_mode=None):
     """The recipe's trainer with a fake model; its step reads no values."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -90,7 +115,8 @@ def build_trainer(config, backend: PlanBackend):
     hook = StepHook(
         wrap_clip=lambda compiled: backend.traced_clip(dist_utils.clip_grad_norm_, compiled),
         read_values=False)
-    return build_fake_trainer(config, hook, FakeTensorMode(allow_non_fake_inputs=True))
+    return build_fake_trainer(config, hook,
+                              fake_mode or FakeTensorMode(allow_non_fake_inputs=True))
 
 
 def build_fake_trainer(config, hook, fake_mode):

@@ -7,7 +7,6 @@ import os
 import time
 import traceback
 from collections import Counter
-from unittest import mock
 
 import torch
 
@@ -16,28 +15,22 @@ from torchtitan_neuron.rehearse.report import Report
 
 def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
     """Build ``config``'s trainer for rank 0 of ``ngpu`` on the neuron
-    platform (``device.setup`` must have run), trace two steps, report."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    platform (``neuron_world``: the device is set up once per process), trace
+    two steps, report."""
     from torchtitan_neuron import platform
-    from torchtitan_neuron.plan.trace import build_fake_trainer, fake_world, traced_config
+    from torchtitan_neuron.plan.trace import build_fake_trainer, neuron_world, traced_config
     from torchtitan_neuron.rehearse import device
     from torchtitan_neuron.rehearse.backend import StandInNeuronBackend
     from torchtitan_neuron.trainer import StepHook
 
     start = time.perf_counter()
-    module = device.setup(target)
     report = Report(recipe=recipe, ngpu=ngpu, target=target)
     backend = StandInNeuronBackend()
-    backend.register(platform.NEURON_COMPILE_BACKEND)
     traced_config(config)
-    env = {"WORLD_SIZE": str(ngpu), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(
-        min(ngpu, device.HOST_CORES[target]))}
-    with fake_world(ngpu), mock.patch.dict(os.environ, env):
-        installed = platform.install(platform.NEURON)
+    # The same neuron branch ``plan --target trn2|trn3`` traces.
+    with neuron_world(ngpu, target) as (installed, module, fake_mode):
+        backend.register(platform.NEURON_COMPILE_BACKEND)
         report.notes.update(_branch_notes(installed, module))
-        device.init_process_group(ngpu)
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         try:
             with device.HostToFakeDevice(fake_mode):
                 trainer = build_fake_trainer(config, StepHook(read_values=False), fake_mode)
