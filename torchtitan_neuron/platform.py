@@ -314,16 +314,22 @@ def cpu_peak_flops() -> float:
 _installed: Platform | None = None
 
 
-def _install_cpu() -> list[str]:
-    import torchtitan.tools.utils as tt_utils
-
+def _set_device_globals(device_type: str, device_module) -> list[str]:
+    """Every import-time copy of torchtitan's ``device_type`` and
+    ``device_module`` (``DEVICE_GLOBAL_COPIES``) set to these."""
     touched = []
     for module_name, names in DEVICE_GLOBAL_COPIES.items():
         module = importlib.import_module(module_name)
         for name in names:
-            value = "cpu" if name == "device_type" else CpuDeviceModule
-            setattr(module, name, value)
+            setattr(module, name, device_type if name == "device_type" else device_module)
             touched.append(f"{module_name}.{name}")
+    return touched
+
+
+def _install_cpu() -> list[str]:
+    import torchtitan.tools.utils as tt_utils
+
+    touched = _set_device_globals("cpu", CpuDeviceModule)
 
     # trainer.py reads utils.get_local_device at call time; distributed.utils
     # holds an import-time copy.
@@ -390,14 +396,19 @@ def per_rank_compile_cache() -> str | None:
     DeepSeek run with inductor. ``$TORCHINDUCTOR_CACHE_DIR`` (or torch's
     default) stays the root; each rank uses ``<root>/rank<R>-of-<N>``.
     """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return _per_rank_dir("TORCHINDUCTOR_CACHE_DIR", default_cache_dir)
+
+
+def _per_rank_dir(env: str, default_root) -> str | None:
+    """``<root>/rank<R>-of-<N>`` for a launched rank, set in ``env``: the root
+    is ``env``'s value or ``default_root()``. None outside a launch."""
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     if rank is None or world is None:
         return None
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
-    path = os.path.join(root, f"rank{rank}-of-{world}")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    path = os.path.join(os.environ.get(env) or default_root(), f"rank{rank}-of-{world}")
+    os.environ[env] = path
     return path
 
 
@@ -414,13 +425,7 @@ def per_rank_neff_cache() -> str | None:
     (or TorchNeuron's default) stays the root and each rank uses
     ``<root>/rank<R>-of-<N>``, so ranks whose graphs differ only in their
     process group's name never share a compiled program."""
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None or world is None:
-        return None
-    root = os.environ.get(NEFF_CACHE_ENV) or DEFAULT_NEFF_CACHE
-    path = os.path.join(root, f"rank{rank}-of-{world}")
-    os.environ[NEFF_CACHE_ENV] = path
-    return path
+    return _per_rank_dir(NEFF_CACHE_ENV, lambda: DEFAULT_NEFF_CACHE)
 
 
 class NeuronDeviceModule:
@@ -458,14 +463,7 @@ class NeuronDeviceModule:
 
 
 def _install_neuron() -> list[str]:
-    touched = []
-    module = NeuronDeviceModule()
-    for module_name, names in DEVICE_GLOBAL_COPIES.items():
-        target = importlib.import_module(module_name)
-        for name in names:
-            setattr(target, name, "neuron" if name == "device_type" else module)
-            touched.append(f"{module_name}.{name}")
-    return touched
+    return _set_device_globals(NEURON.device_type, NeuronDeviceModule())
 
 
 def install(platform: Platform | None = None) -> Platform:

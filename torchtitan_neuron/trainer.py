@@ -175,8 +175,7 @@ class _NeuronTrainerMixin:
     def __init__(self, config, *, step_hook: StepHook | None = None):
         self.step_hook = step_hook = step_hook or StepHook()
         if not step_hook.read_values:
-            metrics = config.metrics
-            config.metrics = promote(metrics, QuietMetricsProcessor.Config)
+            config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
         platform.install()
         resolve_compile_backend(config.compile)
         options = config.model

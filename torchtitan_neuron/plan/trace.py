@@ -1,9 +1,10 @@
 """Build the recipe's trainer for one rank on FakeTensors and trace its step.
 
-The trainer is the recipe's own, built with torchtitan's fake process group
-(``comm.mode fake_backend``) for rank 0 of N, its model materialized as
-FakeTensors, random tokens of its vocabulary for data, and the plan backend
-for its compiled graphs. Step 1 compiles and creates the gradients and
+The trainer is the recipe's own, built for rank 0 of N on torchtitan's fake
+process group (``comm.mode fake_backend``) or, for a Neuron target, on the
+neuron branch the rehearsal traces (``neuron_world``); its model is
+materialized as FakeTensors, its data is random tokens of its vocabulary,
+and the plan backend compiles its graphs. Step 1 compiles and creates the gradients and
 optimizer state; step 2 is the one measured.
 """
 
