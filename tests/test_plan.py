@@ -5,8 +5,10 @@ verdict and a breakdown for rank 0 of N without allocating the model, with
 AdamW's two moments per parameter; ``COMM_MODE=plan ./run_train.sh`` plans the
 same command for trn2, with the Neuron runtime's scratchpad and micro-code
 terms; a trn2 plan traces on the neuron branch the same graphs (count and op
-histogram) the rehearsal checks; a compiled program's boundary tensors, shared scratchpad and private
-(over-a-page) intermediates are told apart on a real compiled function; the
+histogram) the rehearsal checks; a compiled program's boundary tensors, scratchpad need and
+over-a-page intermediates are told apart on a real compiled function; the
+runtime's two scratchpad modes (contiguous, paged) are picked from its
+environment variables and sized as AWS's device-memory page does; the
 sweep names the tutorial's order of fixes (full AC, then TP, then a smaller
 batch) at a fixed global batch. Planned against measured
 memory, and across AC modes, is in test_memory.py.
@@ -92,6 +94,9 @@ def test_run_train_plans_with_comm_mode_plan():
     assert "verdict: fits" in proc.stdout
     # The Neuron runtime's terms: scratchpad and the micro-code of 2 cores.
     assert "shared scratchpad" in proc.stdout and "private scratchpad" in proc.stdout
+    # The scratchpad mode the verdict assumes, and the peak under the other.
+    assert "scratchpad: contiguous (the default at LNC=2" in proc.stdout
+    assert "with NEURON_RT_CONTIGUOUS_SCRATCHPAD=0: peak" in proc.stdout
     assert "runtime code                     0.188 GiB" in proc.stdout
     assert "torch.distributed.run" not in proc.stdout
 
@@ -146,12 +151,55 @@ def test_compiled_program_splits_device_tensors_from_scratchpad():
     assert out.shape == (mib // 4,)
     # The output (1 MiB) is the only device tensor the program made.
     assert tracker.tensor_peak == mib
-    # x*2 and x*2+1 (1 MiB each) are scratchpad. The three 4 MiB
-    # intermediates are over the 3 MiB page: private. The first two (repeat
-    # and its product) are live together; the last repeat comes after both
-    # are freed and reuses their space: 8 MiB, not 12.
-    assert list(tracker.scratchpad_peak.values()) == [2 * mib]
+    # Everything else is scratchpad. Its need is the op-by-op peak: the
+    # first repeat and its product, live together (4 MiB each), 8 MiB. The three
+    # 4 MiB intermediates are over the 3 MiB page, so paged scratchpad gives
+    # them private allocations: the first two are live together, the last
+    # repeat comes after both are freed and reuses their space, 8 MiB.
+    assert list(tracker.scratchpad_need.values()) == [8 * mib]
     assert list(tracker.scratchpad_large.values()) == [8 * mib]
+
+
+def test_scratchpad_mode_follows_the_runtime_environment(monkeypatch):
+    """Contiguous scratchpad is the runtime's default at LNC=2; it is paged
+    with NEURON_RT_CONTIGUOUS_SCRATCHPAD=0 or at LNC=1 (AWS's
+    neuron-runtime/explore/device-memory page)."""
+    from torchtitan_neuron.plan.neuron import scratchpad_mode
+
+    for name in ("NEURON_RT_CONTIGUOUS_SCRATCHPAD", "NEURON_LOGICAL_NC_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    assert scratchpad_mode()[0] == "contiguous"
+    monkeypatch.setenv("NEURON_RT_CONTIGUOUS_SCRATCHPAD", "0")
+    assert scratchpad_mode() == ("paged", "NEURON_RT_CONTIGUOUS_SCRATCHPAD=0")
+    monkeypatch.delenv("NEURON_RT_CONTIGUOUS_SCRATCHPAD")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert scratchpad_mode()[0] == "paged"
+
+
+def test_runtime_terms_of_each_scratchpad_mode(monkeypatch):
+    """The runtime's arithmetic on a stand-in tracker: contiguous rounds the
+    largest program's need to 64 MB and allocates nothing else; paged rounds
+    it to its page (512 MB, or NEURON_SCRATCHPAD_PAGE_SIZE) and adds each
+    program's over-a-page variables, as the page's two-NEFF example does."""
+    from torchtitan_neuron.plan.neuron import runtime_terms
+
+    mb = 2**20
+    monkeypatch.delenv("NEURON_SCRATCHPAD_PAGE_SIZE", raising=False)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    # AWS's example: NEFF A needs 1.5 GB with a 1 GB variable, NEFF B 1.6 GB
+    # (100 MB + 1.5 GB) with a 1.5 GB one.
+    tracker = SimpleNamespace(scratchpad_need={1: 1536 * mb, 2: 1636 * mb},
+                              scratchpad_large={1: 1024 * mb, 2: 1536 * mb})
+    paged = runtime_terms(tracker, "paged")
+    assert paged["shared_scratchpad"] == 2048 * mb  # 4 pages
+    assert paged["private_scratchpad"] == 2560 * mb  # 2.5 GB
+    assert paged["runtime_code"] == 2 * 96 * mb
+    contiguous = runtime_terms(tracker, "contiguous")
+    assert contiguous["shared_scratchpad"] == 1664 * mb  # 26 pages of 64 MB
+    assert contiguous["private_scratchpad"] == 0
+    monkeypatch.setenv("NEURON_SCRATCHPAD_PAGE_SIZE", "2048")
+    assert runtime_terms(tracker, "paged")["shared_scratchpad"] == 2048 * mb
+    assert runtime_terms(tracker, "contiguous")["shared_scratchpad"] == 1664 * mb
 
 
 def test_random_tokens_need_no_tokenizer_and_resume_from_their_count():

@@ -106,7 +106,7 @@ class StorageTracker(TorchDispatchMode):
         self.tensor_peak_by_category: dict[str, int] = {}
         self._tensor_keys: set[int] = set()
         self._program: dict | None = None
-        self.scratchpad_peak: dict[int, int] = {}
+        self.scratchpad_need: dict[int, int] = {}
         self.scratchpad_large: dict[int, int] = {}
         self.large_var_bytes: int | None = None
         self.large_vars: dict[int, list[tuple[int, tuple]]] = {}
@@ -172,15 +172,15 @@ class StorageTracker(TorchDispatchMode):
         """One execution of a compiled program (a NEFF on Neuron).
 
         The Neuron runtime keeps a program's inputs and outputs as device
-        tensors and its intermediates in scratchpad: one shared scratchpad
-        per core, as large as the largest program's need, plus private
-        allocations for intermediates larger than a scratchpad page
-        (``large_var_bytes``), held while the program is loaded; those
-        with disjoint lifetimes can share one, so a program's private need
-        is the peak of its large intermediates live at once. So while
-        the program runs, its inputs and all its outputs are live tensors
-        at once; the storages it makes and frees before returning are
-        scratchpad, whose need is the peak of their op-by-op lifetimes.
+        tensors and its intermediates in scratchpad. So while the program
+        runs, its inputs and all its outputs are live tensors at once; the
+        storages it makes and frees before returning are scratchpad.
+        ``scratchpad_need`` is the peak of all of them with op-by-op
+        lifetimes (the runtime's max of offset + size over the NEFF's
+        variables); ``scratchpad_large`` the peak of those larger than
+        ``large_var_bytes`` live at once, which the runtime gives their own
+        allocations when its scratchpad pages are not contiguous (large
+        ones with disjoint lifetimes can share one).
         """
         if self._program is not None:  # nested: part of the outer program
             yield
@@ -204,16 +204,18 @@ class StorageTracker(TorchDispatchMode):
                 self._add_tensor(k, *self.live[k])
             outs = {prog["local"][k] for k in outputs}
             current = peak = 0
-            # Over-a-page intermediates get their own allocations; ones
-            # whose lifetimes do not overlap can reuse one, so a program
-            # needs the peak of those live at once (``large_vars``: the set
-            # live at that peak).
+            # Over-a-page intermediates (paged scratchpad) get their own
+            # allocations; ones whose lifetimes do not overlap can reuse one,
+            # so a program needs the peak of those live at once
+            # (``large_vars``: the set live at that peak).
             large = large_peak = 0
             live_large: dict[int, int] = {}
             large_vars: list = []
             for serial, size in prog["events"]:
                 if serial in outs:
                     continue
+                current += size
+                peak = max(peak, current)
                 if self.large_var_bytes is not None and abs(size) > self.large_var_bytes:
                     if size > 0:
                         live_large[serial] = size
@@ -223,10 +225,7 @@ class StorageTracker(TorchDispatchMode):
                     if large > large_peak:
                         large_peak = large
                         large_vars = [(b, prog["made_by"].get(k)) for k, b in live_large.items()]
-                    continue
-                current += size
-                peak = max(peak, current)
-            self.scratchpad_peak[program_id] = max(self.scratchpad_peak.get(program_id, 0), peak)
+            self.scratchpad_need[program_id] = max(self.scratchpad_need.get(program_id, 0), peak)
             if large_peak >= self.scratchpad_large.get(program_id, 0):
                 self.scratchpad_large[program_id] = large_peak
                 self.large_vars[program_id] = large_vars

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from torchtitan_neuron.memory import StorageTracker
-from torchtitan_neuron.plan.neuron import NEURON_TARGETS, scratchpad_page_bytes, step_terms
+from torchtitan_neuron.plan.neuron import (
+    NEURON_TARGETS, SCRATCHPAD_MODES, paged_page_bytes, scratchpad_mode, step_terms,
+)
 from torchtitan_neuron.plan.report import GIB, Plan, ac_name, capacity_gib, largest_rows
 
 CATEGORIES = ("gathered_parameters", "saved_activations", "logits_and_loss", "temporaries")
@@ -21,19 +23,26 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     device and torchtitan's fake process group."""
     neuron = target in NEURON_TARGETS
     tracker = StorageTracker(record_peak=top > 0)
-    page = scratchpad_page_bytes()
+    mode, why = scratchpad_mode() if neuron else (None, "")
     if neuron:
-        tracker.large_var_bytes = page
+        tracker.large_var_bytes = paged_page_bytes()
     trainer, state, backend = (_neuron_trace if neuron else _host_trace)(
         config, ngpu, target, tracker)
-    step_bytes, step_breakdown = step_terms(tracker, CATEGORIES, neuron, page)
+    step_bytes, step_breakdown = step_terms(tracker, CATEGORIES, neuron, mode)
     breakdown = {k: v / GIB for k, v in state.items()}
     breakdown.update(step_breakdown)
+    scratchpad = {}
+    if neuron:
+        # One trace gives both allocation modes; the verdict uses ``mode``.
+        scratchpad = {"mode": mode, "why": why, "peak_gib": {
+            m: (sum(state.values()) + step_terms(tracker, CATEGORIES, True, m)[0]) / GIB
+            for m in SCRATCHPAD_MODES}}
     return Plan(
         recipe=recipe, ngpu=ngpu, target=target, layout=layout(config, trainer),
         peak_gib=(sum(state.values()) + step_bytes) / GIB,
         capacity_gib=capacity_gib(target, ngpu), breakdown=breakdown,
-        largest=largest_rows(tracker, top, neuron), trace=trace_facts(backend),
+        largest=largest_rows(tracker, top, mode == "paged"), trace=trace_facts(backend),
+        scratchpad=scratchpad,
     )
 
 

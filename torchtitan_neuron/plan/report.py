@@ -25,6 +25,8 @@ class Plan:
     breakdown: dict = field(default_factory=dict)
     largest: list = field(default_factory=list)
     trace: dict = field(default_factory=dict)
+    # Neuron targets: the scratchpad mode assumed, why, and the peak in each.
+    scratchpad: dict = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -43,6 +45,9 @@ class Plan:
             "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
             **({"largest_at_peak": self.largest} if self.largest else {}),
             **({"trace": self.trace} if self.trace else {}),
+            **({"scratchpad": {**self.scratchpad, "peak_gib": {
+                k: round(v, 4) for k, v in self.scratchpad["peak_gib"].items()}}}
+               if self.scratchpad else {}),
         }
 
     def describe(self) -> str:
@@ -59,12 +64,28 @@ class Plan:
             for row in self.largest:
                 lines.append(f"  {row['gib']:9.3f} x{row['count']:<4} {row['term']:<20} "
                              f"{row['op']} {list(row['shape'])} {row['dtype']}")
+        if self.scratchpad:
+            lines.append(self._scratchpad_line())
         verdict = "fits" if self.fits else "OOM"
         lines.append(
             f"verdict: {verdict} (headroom {self.headroom_gib:+.3f} GiB, "
             f"{100 * self.peak_gib / self.capacity_gib:.0f}% of capacity)"
         )
         return "\n".join(lines)
+
+
+    def _scratchpad_line(self) -> str:
+        mode, other = self.scratchpad["mode"], (
+            "paged" if self.scratchpad["mode"] == "contiguous" else "contiguous")
+        switch = ("NEURON_RT_CONTIGUOUS_SCRATCHPAD=0" if other == "paged"
+                  else "contiguous pages (LNC=2, NEURON_RT_CONTIGUOUS_SCRATCHPAD unset)")
+        alt = self.scratchpad["peak_gib"][other]
+        alt_verdict = "fits" if alt <= self.capacity_gib else "OOM"
+        line = (f"scratchpad: {mode} ({self.scratchpad['why']}); "
+                f"with {switch}: peak {alt:.3f} GiB, {alt_verdict}")
+        if (alt <= self.capacity_gib) != self.fits:
+            line += " (the verdict depends on the scratchpad mode: not safe to launch)"
+        return line
 
 
 def capacity_gib(target: str, ngpu: int) -> float:
