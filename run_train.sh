@@ -113,6 +113,12 @@ for arg in "$@"; do
     esac
 done
 
+# torchrun gives each of several ranks one OpenMP thread unless told otherwise,
+# and prints a banner saying so; set the same default here, without the banner.
+if [ -z "${OMP_NUM_THREADS:-}" ] && [ "$NGPU" -gt 1 ] 2>/dev/null; then
+    export OMP_NUM_THREADS=1
+fi
+
 # torchrun (in torchtitan_neuron.launch) forwards SIGINT/SIGTERM to every rank;
 # exec so Ctrl-C reaches it directly. --preflight runs those checks
 # (torchtitan_neuron.preflight) while torchrun loads; no rank starts unless

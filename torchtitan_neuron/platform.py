@@ -26,6 +26,8 @@ import torch
 
 from torchtitan.tools.logging import logger
 
+from torchtitan_neuron import known_warnings
+
 # Where torchtitan 0.3.0 keeps an import-time copy of ``device_type`` and/or
 # ``device_module``. A test checks this list against torchtitan's source, so a
 # new copy upstream is noticed. The autoparallel modules are left out on
@@ -484,6 +486,7 @@ def install(platform: Platform | None = None) -> Platform:
     if _installed is not None:
         return _installed
     platform = platform or detect()
+    hidden = known_warnings.install(platform.name)
     touched = {"cpu": _install_cpu, "neuron": _install_neuron}.get(
         platform.name, lambda: [])()
     caches = [per_rank_compile_cache()]
@@ -499,6 +502,9 @@ def install(platform: Platform | None = None) -> Platform:
            if touched else "")
         + (f"; compile cache {', '.join(caches)}" if caches else "")
     )
+    hidden_line = known_warnings.describe(hidden, platform.name)
+    if hidden_line:
+        logger.info(hidden_line)
     return _installed
 
 

@@ -460,6 +460,9 @@ def main(argv: list[str] | None = None) -> None:
     from torchtitan.tools.logging import init_logger, logger
 
     init_logger()
+    from torchtitan_neuron import known_warnings, platform
+
+    known_warnings.install(platform.detect().name)
     try:
         notes = run_checks(argv, ngpu, nnodes)
     except PreflightError as exc:

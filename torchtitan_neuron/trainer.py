@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -34,7 +35,7 @@ from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron import platform
+from torchtitan_neuron import platform, run_report
 from torchtitan_neuron.checkpoint import make_saves_atomic
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.init import layout_invariant_init
@@ -176,8 +177,12 @@ class _NeuronTrainerMixin:
         self.step_hook = step_hook = step_hook or StepHook()
         if not step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
-        platform.install()
+        plat = platform.install()
         resolve_compile_backend(config.compile)
+        if plat.name != "cuda":
+            # torchtitan captures CUDA graphs by default and, on any other
+            # device, warns and runs eagerly: say so in the config instead.
+            config.training.disable_cuda_graphs = True
         options = config.model
         if options.reset_positions_per_document and platform.current().name == "neuron":
             raise ValueError(
@@ -216,6 +221,10 @@ class _NeuronTrainerMixin:
             f"  grad_accum: {self.gradient_accumulation_steps}"
         )
         logger.addFilter(self._step_line_suffix)
+        # The run's own report: the first step's compile, and a summary.
+        self._run_record = run_report.RunRecord(self.metrics_processor.logger)
+        self.metrics_processor.logger = self._run_record
+        self._compile_progress = None
         self._measure_step = int(os.environ.get(MEASURE_MEMORY_ENV, "0") or 0)
         self._tracker = None
         if self._measure_step > 0:
@@ -337,8 +346,27 @@ class _NeuronTrainerMixin:
             logger.removeFilter(suffix)
         super().close()
 
+    def train(self):
+        super().train()
+        if self.step_hook.read_values and run_report.is_rank0():
+            summary = run_report.summarize(self.config, self._run_record,
+                                           self._compile_progress, platform.current().name)
+            run_report.write_summary(self.config, summary)
+            logger.info(run_report.describe(summary))
+
+    def _first_compile(self):
+        """The compile announcement around this process's first compiled step."""
+        if self._compile_progress is not None or not self.config.compile.enable \
+                or not self.step_hook.read_values:
+            return contextlib.nullcontext()
+        neff = os.environ.get(platform.NEFF_CACHE_ENV) if platform.current().name == "neuron" \
+            else None
+        self._compile_progress = run_report.CompileProgress(
+            self.config.compile.backend, os.environ.get("TORCHINDUCTOR_CACHE_DIR"), neff)
+        return self._compile_progress
+
     def train_step(self, data_iterator):
-        with platform.grad_clip_override(self._clip_then_check):
+        with platform.grad_clip_override(self._clip_then_check), self._first_compile():
             if self._tracker is not None and self.step == self._measure_step:
                 self._measured_train_step(data_iterator)
             else:

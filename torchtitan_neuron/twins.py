@@ -1,0 +1,50 @@
+"""Each Trainium recipe and the CPU debug recipe that rehearses the same path
+(same module, trainer, parallelism and AC choice, a tiny model): what the
+launcher suggests when a Trainium recipe is started on a CPU host, and what a
+CPU run's summary offers to plan for trn2."""
+
+from __future__ import annotations
+
+LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
+DEEPSEEK = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
+PLAIN_LLAMA = "torchtitan_neuron.models.llama3"
+PLAIN_DEEPSEEK = "torchtitan_neuron.models.deepseek_v3"
+PLAIN_QWEN = "torchtitan_neuron.models.qwen3"
+
+# (module, Trainium recipe) -> (CPU twin, its ranks). The first Trainium
+# recipe listed for a twin is the one its summary offers to plan.
+TWINS: dict[tuple[str, str], tuple[str, int]] = {
+    (LLAMA, "simple_fsdp_llama3_8b"): ("simple_fsdp_llama3_debugmodel", 2),
+    (LLAMA, "simple_fsdp_llama3_8b_fullac"): ("simple_fsdp_llama3_debugmodel_fullac", 2),
+    (LLAMA, "simple_fsdp_llama3_70b_fullac"): ("simple_fsdp_llama3_debugmodel_fullac", 2),
+    (DEEPSEEK, "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16"):
+        ("simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", 4),
+    (DEEPSEEK, "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16_fac"):
+        ("simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2_fac", 4),
+    (PLAIN_LLAMA, "llama3_8b_neuron"): ("llama3_debugmodel_neuron", 2),
+    (PLAIN_LLAMA, "llama3_8b_neuron_compiled"): ("llama3_debugmodel_neuron_compiled", 2),
+    (PLAIN_LLAMA, "llama3_8b_tp4_fsdp16_sac"): ("llama3_debugmodel_tp2_fsdp2_sac", 4),
+    (PLAIN_DEEPSEEK, "deepseek_v3_16b_neuron_tp4_fsdp16"):
+        ("deepseek_v3_debugmodel_neuron_tp2_fsdp2", 4),
+    (PLAIN_QWEN, "qwen3_8b_tp4_fsdp16_sac"): ("qwen3_debugmodel_tp2_fsdp2_sac", 4),
+}
+TRAINIUM_RANKS = 64  # a trn2.48xlarge's NeuronCores at LNC=2
+
+
+def cpu_twin(module: str, recipe: str) -> tuple[str, int] | None:
+    """The CPU debug recipe (and its ranks) that rehearses ``recipe``."""
+    return TWINS.get((module, recipe))
+
+
+def trainium_counterpart(module: str, recipe: str) -> str | None:
+    """The Trainium recipe a CPU debug ``recipe`` rehearses, if any."""
+    for (mod, big), (twin, _) in TWINS.items():
+        if mod == module and twin == recipe:
+            return big
+    return None
+
+
+def plan_command(module: str, recipe: str) -> str:
+    """The planner command that answers "does ``recipe`` fit a trn2.48xlarge"."""
+    return (f"python -m torchtitan_neuron.plan --module {module} --config {recipe} "
+            f"--ngpu {TRAINIUM_RANKS} --target trn2")
