@@ -233,41 +233,60 @@ def summary(cells: list[Cell]) -> list[str]:
     return lines
 
 
-def plot(cells: list[Cell], models: dict[str, Model], path: Path, title: str) -> None:
-    """Tokens/s per rank for each cell, one group of bars per model."""
-    from PIL import Image, ImageDraw
-
+def plot(cells: list[Cell], models: dict[str, Model], path: Path, title: str):
+    """Tokens/s per rank for each cell, one panel per model, each bar labelled
+    with its tokens/s and step time (medians of the launches); the figure, or
+    None when no cell ran or matplotlib is missing (then bench.md alone)."""
     good = [c for c in cells if c.ok() and not c.error]
     if not good:
-        return
-    colors = {"simplefsdp": (31, 119, 180), "fsdp2": (255, 127, 14),
-              "aot_fx_trace": (44, 160, 44), "simplefsdp_bucketing": (148, 103, 189),
-              "simplefsdp_aot_eager": (140, 86, 75)}
-    left, bar, gap, width = 260, 22, 14, 900
-    height = 70 + len(cells) * bar + len({c.model for c in cells}) * gap + 20
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    draw.text((10, 10), title, fill="black")
-    draw.text((10, 28), "tokens/s per rank (median of launches); bar label: step time",
-              fill=(80, 80, 80))
-    scale = (width - left - 120) / max(c.median("tps") for c in good)
-    y = 60
-    for model in dict.fromkeys(c.model for c in cells):
-        for c in (c for c in cells if c.model == model):
-            label = f"{model} {c.mode} x{c.ranks}"
-            draw.text((10, y + 5), label, fill="black")
-            if c in good:
-                tps = c.median("tps")
-                draw.rectangle([left, y + 2, left + tps * scale, y + bar - 4],
-                               fill=colors[c.mode])
-                draw.text((left + tps * scale + 6, y + 5),
-                          f"{tps:.0f} tok/s, {statistics.median(c.step_s()):.2f} s",
-                          fill="black")
-            else:
-                draw.text((left, y + 5), "failed", fill=(200, 0, 0))
-            y += bar
-        y += gap
-    img.save(path)
+        return None
+    figures = {model: [(c.mode, c.ranks, (c.median("tps"), statistics.median(c.step_s()))
+                        if c in good else None) for c in cells if c.model == model]
+               for model in dict.fromkeys(c.model for c in cells)}
+    try:
+        return bars(figures, {m: models[m].title for m in figures}, path, title)
+    except ImportError as e:
+        # A benchmark is tens of minutes of measurements: keep going without the plot.
+        print(f"{path} not written: {e}", file=sys.stderr)
+        return None
+
+
+_COLORS = {"simplefsdp": "tab:blue", "fsdp2": "tab:orange", "aot_fx_trace": "tab:green",
+           "simplefsdp_bucketing": "tab:purple", "simplefsdp_aot_eager": "tab:brown"}
+
+
+def bars(figures: dict[str, list[tuple[str, int, tuple[float, float] | None]]],
+         titles: dict[str, str], path: Path, title: str):
+    """Draw ``{model: [(mode, ranks, (tokens/s per rank, step s) or None
+    when it failed)]}`` into ``path``: horizontal bars, one panel per model,
+    each on its own scale (the models' throughputs differ tenfold)."""
+    from plot_run import agg_figure
+
+    rows = [len(cells) for cells in figures.values()]
+    fig = agg_figure(figsize=(10, 0.4 * sum(rows) + 0.9 * len(rows) + 0.8),
+                     layout="constrained")
+    axes = fig.subplots(len(rows), 1, squeeze=False, height_ratios=rows)[:, 0]
+    for ax, (model, cells) in zip(axes, figures.items()):
+        y = range(len(cells))
+        ax.set_yticks(y, [f"{mode}, {ranks} rank{'s' if ranks > 1 else ''}"
+                          for mode, ranks, _ in cells])
+        top = max((f[0] for _, _, f in cells if f), default=1.0)
+        for i, (mode, _, measured) in zip(y, cells):
+            if measured is None:
+                ax.text(0, i, " failed", va="center", color="tab:red")
+                continue
+            tps, step_s = measured
+            ax.barh(i, tps, color=_COLORS.get(mode, "tab:gray"))
+            ax.text(tps + top * 0.01, i, f"{tps:.0f} tokens/s, {step_s:.2f} s/step",
+                    va="center", fontsize=9)
+        ax.set_xlim(0, top * 1.35)  # room for the labels right of the bars
+        ax.invert_yaxis()  # the first cell on top, as in bench.md
+        ax.set_title(titles[model], loc="left", fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1].set_xlabel("tokens/s per rank (median of launches)")
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=100)
+    return fig
 
 
 def main() -> int:

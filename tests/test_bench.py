@@ -5,7 +5,9 @@ thousands separator in tps): scripts/runlog.py reads each step's time, loss,
 memory, tokens/s and MFU, the first step from "Training starts", and the
 step times; scripts/bench.py turns launches into the median of per-launch
 medians, the cold/warm first step, the sharded state, and the ratio lines
-(SimpleFSDP over FSDP2 tokens/s, MFU as a fraction of the matmul peak).
+(SimpleFSDP over FSDP2 tokens/s, MFU as a fraction of the matmul peak),
+and bench.png: one panel per model, a bar per cell labelled with spaces
+intact, its tokens/s and step time, a failed cell said so.
 
 Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_bench.py -q
@@ -76,3 +78,24 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
     failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
                         error="RuntimeError: boom")
     assert "failed: `RuntimeError: boom`" in bench.table([failed], bench.MODELS)[2]
+
+
+def test_plot_draws_a_panel_per_model_with_readable_labels(tmp_path):
+    cells = [
+        bench.Cell("tiny", "simplefsdp", 2, [_log(10.0, [1.0, 1.0, 1.0], [1000] * 4, 30.0)]),
+        bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
+                   error="RuntimeError: boom"),
+        bench.Cell("medium", "fsdp2", 1, [_log(5.0, [2.0, 2.0, 2.0], [200] * 4, 20.0)]),
+    ]
+    title = "torchtitan_neuron bench, 2 cores, fp32 matmul peak 116.2 GFLOP/s on 1 thread"
+    fig = bench.plot(cells, bench.MODELS, tmp_path / "bench.png", title)
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert fig.get_suptitle() == title
+    tiny, medium = fig.axes
+    assert (tiny.get_title(loc="left"), medium.get_title(loc="left")) == (
+        "Llama 3 debug (6.2 M)", "Llama 3 medium (58 M)")
+    assert [t.get_text() for t in tiny.get_yticklabels()] == [
+        "simplefsdp, 2 ranks", "aot_fx_trace, 2 ranks"]
+    assert [t.get_text() for t in tiny.texts] == ["1000 tokens/s, 1.00 s/step", " failed"]
+    assert [t.get_text() for t in medium.get_yticklabels()] == ["fsdp2, 1 rank"]
+    assert [t.get_text() for t in medium.texts] == ["200 tokens/s, 2.00 s/step"]
