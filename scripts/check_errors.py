@@ -153,6 +153,13 @@ def case_cpu_oversubscribed(tmp):
         if bad]
 
 
+def case_trn2_on_cpu(tmp):
+    # The tutorial's Step 1 command, with NGPU as the tutorial has it.
+    return _preflight_case(["--training.steps", "10", "--dataloader.dataset", "c4_test"],
+                           "for its sharded state alone", ngpu=64,
+                           config="simple_fsdp_llama3_8b_fullac")
+
+
 def case_ctrl_c(tmp):
     args = [*FAST, "--training.steps", "1000", f"--dump_folder={tmp}"]
     out = _run(["./run_train.sh", *args], _env(), watch="step:  2", then=ctrl_c)
@@ -216,6 +223,7 @@ CASES = {
     "global-batch": case_global_batch,
     "tp-vs-ngpu": case_tp_ngpu,
     "cpu-oversubscribed": case_cpu_oversubscribed,
+    "trn2-on-cpu": case_trn2_on_cpu,
     "ctrl-c": case_ctrl_c,
     "rank-crash": case_rank_crash,
     "nnodes-no-endpoint": case_nnodes_no_endpoint,

@@ -9,7 +9,9 @@ ranks than cores gives a one-line note; layout arithmetic that cannot work
 that is not a multiple of local batch x data-parallel degree) is refused with
 the numbers and a fix; a missing tokenizer folder, ``c4`` with no network and
 a dataset file with a bad JSON line or no ``text`` field are named (file and
-line), and a token in the environment never appears in a message. Through
+line); a Trainium-sized recipe whose sharded state alone exceeds the CPU
+host's memory per rank is refused with both figures, its CPU twin and the
+planner command; and a token in the environment never appears in a message. Through
 the launcher as a user runs it: one message, exit 2, no rank started.
 Checkpoints are written under ``.partial-N`` and renamed when complete.
 
@@ -191,6 +193,31 @@ def test_launcher_refuses_before_any_rank(run, dump_folder):
     assert result.output.count(f"set MODULE={LLAMA}") == 1
     assert "torch.distributed.run" not in result.output and "[rank" not in result.output
     assert elapsed < 60
+
+
+def test_trainium_recipe_on_a_cpu_host_is_refused_with_both_figures():
+    """The tutorial's trn2 command pasted on a CPU host: each rank's sharded
+    state (fp32 parameters, gradients, AdamW moments) is set against the host
+    memory per rank, and the message names the CPU twin and the planner."""
+    from torchtitan_neuron.host_fit import check_host_memory, parameter_count
+
+    config = ConfigManager().parse_args(
+        ["--module", LLAMA, "--config", "simple_fsdp_llama3_8b_fullac"])
+    params = parameter_count(config)
+    assert params == 8_030_261_248  # Llama 3.1 8B
+    message = check_host_memory(config, 64, LLAMA, "simple_fsdp_llama3_8b_fullac",
+                                host_bytes=24 * 1024**3)
+    per_rank = params * 16 / 64 / 1024**3
+    assert f"each needs {per_rank:.2f} GiB for its sharded state" in message
+    assert "this host has 0.38 GiB per rank (24.0 GiB / 64)" in message
+    assert "CONFIG=simple_fsdp_llama3_debugmodel_fullac NGPU=2" in message
+    assert ("python -m torchtitan_neuron.plan --module " + LLAMA
+            + " --config simple_fsdp_llama3_8b_fullac --ngpu 64 --target trn2") in message
+    # The debug twin at its own ranks fits easily; so does the 8B on a host
+    # with 32 GiB per rank.
+    assert check_host_memory(_config(), 2, LLAMA, DEBUG, host_bytes=24 * 1024**3) is None
+    assert check_host_memory(config, 64, LLAMA, "simple_fsdp_llama3_8b_fullac",
+                             host_bytes=64 * 32 * 1024**3) is None
 
 
 def test_saves_are_renamed_when_complete(tmp_path):

@@ -54,6 +54,15 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.train_step": "9bce12a187ca10f4",
         "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.close": "0855dd5996560490",
     },
+    "run-record": {
+        # Every logged step's metrics reach metrics_processor.logger.log.
+        "torchtitan.components.metrics:MetricsProcessor.log": "f903b614bb669ad1",
+        "torchtitan.components.metrics:MetricsProcessor._build_metric_logger": "870781c4ffab68e7",
+        "torchtitan.trainer:Trainer.train": "1007394b8f1a6dfb",
+    },
+    "cuda-graphs-off": {
+        "torchtitan.distributed.cudagraph:wrap_with_cuda_graph": "b3310729074690a6",
+    },
     "step-line-suffix": {
         "torchtitan.components.metrics:MetricsProcessor.log": "f903b614bb669ad1",
         "torchtitan.trainer:Trainer.close": "2cb638f032a60554",

@@ -432,6 +432,12 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
         if note:
             notes.append(note)
     check_layout(config, ngpu, nnodes)
+    if config.comm.mode not in SIMULATED_COMM_MODES and platform.detect().name == "cpu":
+        from torchtitan_neuron.host_fit import check_host_memory
+
+        refusal = check_host_memory(config, ngpu, known.module, known.config)
+        if refusal:
+            raise PreflightError(refusal)
     check_tokenizer(config)
     check_dataset(config)
     return notes
