@@ -6,7 +6,8 @@ hidden and how to show them; the first step's compile is announced with its
 cache folder, kept alive by heartbeats and timed as a cold cache; rank 0 ends
 with a summary (steps, first and last loss as the step lines print them,
 medians after the first step, peak memory, compile time, where the outputs
-went, the trn2 planner command) and writes it as run_summary.json. The
+went, the trn2 planner command) and writes it as run_summary.json, which
+scripts/plot_run.py draws. The
 compile-progress and summary pieces are unit-tested in test_run_report.py.
 
 Tier: e2e, in ``make test``.
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import sys
 
 import pytest
 
@@ -81,3 +83,10 @@ def test_make_train_reads_clean(tmp_path):
     assert ("python -m torchtitan_neuron.plan --module "
             "torchtitan_neuron.experiments.graph_trainer.llama3 --config "
             "simple_fsdp_llama3_8b --ngpu 64 --target trn2") in text
+
+    # The run's own picture: loss and step time from its dump folder.
+    png = tmp_path / "run.png"
+    plot = run_command([sys.executable, "scripts/plot_run.py", str(out), "--out", str(png)],
+                       env, timeout=120)
+    assert plot.returncode == 0, plot.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
