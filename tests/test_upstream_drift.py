@@ -115,6 +115,17 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.models.common.moe:GroupedExperts._grouped_mm": "ca33a9db4455b6d7",
     },
     "prefix-cache-rope": {"torchtitan.models.common.rope:RoPE.forward": "9856f0d4c06a2b78"},
+    "real-rope": {
+        # The cache and the rotation it replaces, and upstream's code it still runs.
+        "torchtitan.models.common.rope:ComplexRoPE._precompute_cache": "4ab07456449f56a4",
+        "torchtitan.models.common.rope:ComplexRoPE._reshape_cache": "b854af3cfd65b3c4",
+        "torchtitan.models.common.rope:ComplexRoPE.apply_rotary_emb": "d97ad68ff433f6b1",
+        "torchtitan.models.common.rope:RoPE.__init__": "dbaa2b227dfb9f54",
+        "torchtitan.models.common.rope:RoPE._init_self_buffers": "e92f59a8ed250f79",
+        "torchtitan.models.common.rope:_reshape_for_broadcast": "def978489d4e0b13",
+        "torchtitan.models.common.rope:_maybe_wrap_positions": "a2af8d38d867048a",
+        "torchtitan.models.common.rope:_maybe_check_max_pos": "3a5325f977a8850f",
+    },
     "block-causal": {
         "torchtitan.models.common.attention:ScaledDotProductAttention.forward":
             "1b4f80db0606060f",
