@@ -114,6 +114,27 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.models.common.moe:GroupedExperts.forward": "a964d794b212d5a7",
         "torchtitan.models.common.moe:GroupedExperts._grouped_mm": "ca33a9db4455b6d7",
     },
+    "gpt-oss-experts-dtype": {
+        # The forward replaced (its .bfloat16() casts), the parameters kept,
+        # and the SwiGLU and TP bias scaling reused as they are.
+        "torchtitan.models.gpt_oss.moe:GptOssGroupedExperts.forward": "3891bc0190d95330",
+        "torchtitan.models.gpt_oss.moe:GptOssGroupedExperts.__init__": "3988a6f3710fd308",
+        "torchtitan.models.gpt_oss.moe:swiglu": "d0cdd327acd4d182",
+        "torchtitan.models.gpt_oss.moe:ScaleBiasForward": "b68c6f0a24883927",
+    },
+    "gpt-oss-spec": {
+        # Its parallelize, pipelining and state-dict adapter are kept; its
+        # load-balancing hook and Flex/varlen attention are replaced.
+        "torchtitan.models.gpt_oss:model_registry": "7d6d8239af158241",
+        "torchtitan.models.gpt_oss.model:GptOssModel.get_attention_masks": "4ba8b2d8fd2814bc",
+    },
+    "gpt-oss-graph-model": {
+        # The DeepSeek-V3 GraphTrainer pieces copied for GPT-OSS.
+        "torchtitan.experiments.graph_trainer.deepseek_v3.model:GraphTrainerDeepSeekV3Model.init_states":
+            "46e19c97aff8f51e",
+        "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize:annotate_deepseekv3":
+            "5e4ca6f500e4c3bf",
+    },
     "prefix-cache-rope": {"torchtitan.models.common.rope:RoPE.forward": "9856f0d4c06a2b78"},
     "real-rope": {
         # The cache and the rotation it replaces, and upstream's code it still runs.
@@ -291,6 +312,18 @@ def test_neuron_is_no_compile_backend_without_torch_neuronx():
     assert "neuron" not in list_backends(exclude_tags=()), (
         "torch.compile now knows a 'neuron' backend without torch-neuronx: "
         "revisit row `neuron-backend` of docs/upstream-workarounds.md")
+
+
+def test_traced_grouped_mm_still_refuses_fp32():
+    """Row `gpt-oss-experts-dtype`: why fp32 GPT-OSS GEMMs take the loop."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b = torch.empty(16, 8), torch.empty(2, 8, 16)
+        offs = torch.tensor([8, 16], dtype=torch.int32)
+        with pytest.raises(RuntimeError, match="BFloat16"):
+            torch._grouped_mm(a, b, offs=offs)
+        assert torch._grouped_mm(a.bfloat16(), b.bfloat16(), offs=offs).shape == (16, 16)
 
 
 def test_gloo_has_no_premul_sum():
