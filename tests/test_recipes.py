@@ -60,6 +60,8 @@ TP_RECIPES = [
     (GO_PLAIN, "gpt_oss_20b_neuron_tp4_fsdp16", 64, (4, 16), None),
     (GO_GRAPH, "simple_fsdp_gpt_oss_20b", 64, (4, 16), SelectiveAC.Config),
     (GO_GRAPH, "simple_fsdp_gpt_oss_20b_fullac", 64, (4, 16), FullAC.Config),
+    (GO_PLAIN, "gpt_oss_120b_neuron_tp4", 128, (4, 32), None),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_120b_fullac", 128, (4, 32), FullAC.Config),
     (GO_PLAIN, "gpt_oss_debugmodel_neuron_tp2_fsdp2", 4, (2, 2), None),
     (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel", 2, (1, 2), SelectiveAC.Config),
     (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel_fullac", 2, (1, 2), FullAC.Config),
@@ -160,7 +162,7 @@ def test_tp_recipes(module, name, world, layout, ac_type):
         assert config.hf_assets_path == "./tests/assets/tokenizer"
     if "gpt_oss" in name:
         _assert_gpt_oss_shaping(config, name)
-    if "16b" in name or "20b" in name:
+    if "16b" in name or "20b" in name or "120b" in name:
         # TP4 x FSDP16 reaches the recipe's own global batch of 64 sequences.
         local = config.training.local_batch_size
         assert config.training.global_batch_size == 64
@@ -188,8 +190,9 @@ def _assert_gpt_oss_shaping(config, name):
         assert windows == [64, None, 64, None] and config.training.seq_len == 256
         assert config.hf_assets_path == "./tests/assets/tokenizer"
     else:
-        assert spec.flavor == "20b" and len(windows) == 24
-        assert config.hf_assets_path == "./assets/hf/gpt-oss-20b"
+        flavor, n_layers = ("20b", 24) if "20b" in name else ("120b", 36)
+        assert spec.flavor == flavor and len(windows) == n_layers
+        assert config.hf_assets_path == f"./assets/hf/gpt-oss-{flavor}"
     if name.startswith("simple_fsdp"):
         assert spec.name == "simple_fsdp/gpt_oss"
         assert type(spec.model).__qualname__ == "GraphTrainerGptOssModel.Config"

@@ -6,7 +6,11 @@ conversion and the expert load-balancing hook come from here. Its layout and
 batch come from the memory planner (docs/gpt_oss.md).
 """
 
-from torchtitan.models.gpt_oss.config_registry import gpt_oss_20b, gpt_oss_debugmodel
+from torchtitan.models.gpt_oss.config_registry import (
+    gpt_oss_20b,
+    gpt_oss_120b,
+    gpt_oss_debugmodel,
+)
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron.components.experts import ExpertKernelConverter
@@ -42,6 +46,12 @@ def gpt_oss_20b_neuron_tp4_fsdp16() -> NeuronTrainer.Config:
     # 16 data-parallel ranks x local batch 1 = 16 sequences of 8192 a step;
     # 64 by 4 accumulation steps.
     return _neuron_gpt_oss_config(gpt_oss_20b(), tp=4, global_batch_size=64)
+
+
+def gpt_oss_120b_neuron_tp4() -> NeuronTrainer.Config:
+    # Planned, never run: its sharded state alone needs two trn2.48xlarge
+    # (128 NeuronCores, TP4 x FSDP32; docs/gpt_oss.md).
+    return _neuron_gpt_oss_config(gpt_oss_120b(), tp=4, global_batch_size=64)
 
 
 def gpt_oss_debugmodel_neuron_tp2_fsdp2() -> NeuronTrainer.Config:

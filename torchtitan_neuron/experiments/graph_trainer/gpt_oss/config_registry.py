@@ -15,6 +15,7 @@ from torchtitan.trainer import Trainer
 from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fsdp
 from torchtitan_neuron.models.gpt_oss.config_registry import (
     gpt_oss_20b_neuron_tp4_fsdp16,
+    gpt_oss_120b_neuron_tp4,
     gpt_oss_debugmodel_neuron_tp2_fsdp2,
 )
 from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
@@ -46,6 +47,11 @@ def simple_fsdp_gpt_oss_20b() -> NeuronGraphTrainer.Config:
 
 def simple_fsdp_gpt_oss_20b_fullac() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp4_fsdp16, full_ac=True)
+
+
+def simple_fsdp_gpt_oss_120b_fullac() -> NeuronGraphTrainer.Config:
+    # Planned only (two nodes; docs/gpt_oss.md).
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp4, full_ac=True)
 
 
 def simple_fsdp_gpt_oss_debugmodel() -> NeuronGraphTrainer.Config:
