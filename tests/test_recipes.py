@@ -57,9 +57,9 @@ TP_RECIPES = [
     ("torchtitan_neuron.models.qwen3", "qwen3_debugmodel_tp2_fsdp2_sac", 4, (2, 2), SelectiveAC.Config),
     (PLAIN_LLAMA, "llama3_8b_tp4_fsdp16_sac", 64, (4, 16), SelectiveAC.Config),
     (PLAIN_LLAMA, "llama3_debugmodel_tp2_fsdp2_sac", 4, (2, 2), SelectiveAC.Config),
-    (GO_PLAIN, "gpt_oss_20b_neuron_tp4_fsdp16", 64, (4, 16), None),
-    (GO_GRAPH, "simple_fsdp_gpt_oss_20b", 64, (4, 16), SelectiveAC.Config),
-    (GO_GRAPH, "simple_fsdp_gpt_oss_20b_fullac", 64, (4, 16), FullAC.Config),
+    (GO_PLAIN, "gpt_oss_20b_neuron_tp2_fsdp32", 64, (2, 32), None),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_20b", 64, (2, 32), SelectiveAC.Config),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_20b_fullac", 64, (2, 32), FullAC.Config),
     (GO_PLAIN, "gpt_oss_120b_neuron_tp4", 128, (4, 32), None),
     (GO_GRAPH, "simple_fsdp_gpt_oss_120b_fullac", 128, (4, 32), FullAC.Config),
     (GO_PLAIN, "gpt_oss_debugmodel_neuron_tp2_fsdp2", 4, (2, 2), None),
@@ -190,7 +190,7 @@ def _assert_gpt_oss_shaping(config, name):
         assert windows == [64, None, 64, None] and config.training.seq_len == 256
         assert config.hf_assets_path == "./tests/assets/tokenizer"
     else:
-        flavor, n_layers = ("20b", 24) if "20b" in name else ("120b", 36)
+        flavor, n_layers = ("120b", 36) if "120b" in name else ("20b", 24)
         assert spec.flavor == flavor and len(windows) == n_layers
         assert config.hf_assets_path == f"./assets/hf/gpt-oss-{flavor}"
     if name.startswith("simple_fsdp"):
