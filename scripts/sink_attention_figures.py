@@ -1,6 +1,7 @@
 """The figures of docs/gpt_oss_attention.md, measured on this machine.
 
     PYTHONPATH=. .venv/bin/python scripts/sink_attention_figures.py
+    PYTHONPATH=. .venv/bin/python scripts/sink_attention_figures.py --neuron
 
 Prints, for components/sink_attention.py:
 
@@ -11,6 +12,10 @@ Prints, for components/sink_attention.py:
   backward at seq 8192 with GPT-OSS 20B's heads (64 q, 8 kv, dim 64):
   peak and its largest parts, in float32 and bfloat16;
 - the mask's bytes at seq 8192, and a per-head float mask's;
+- with ``--neuron`` (its own process: the stand-in renames PrivateUse1), the
+  inputs of the fused SDPA op TorchNeuron receives, forward and backward, at
+  seq 8192 in bfloat16, on the rehearsal's neuron stand-in
+  (``rehearse/device.py``);
 - the largest differences the tests bound (tests/test_sink_attention.py):
   against upstream's Flex path, the naive reference's gradients, and
   upstream's Attention module.
@@ -27,6 +32,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.attention import SDPBackend
 from torch.nn.attention.flex_attention import flex_attention
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchtitan.models.common.attention import FlexAttention
 
@@ -146,7 +152,34 @@ def differences():
           f"max relative {worst:.1e}")
 
 
+class _FusedInputs(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "fused_attention_overrideable" in str(func):
+            shapes = [f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, torch.Tensor)]
+            print(f"{func}: {', '.join(shapes)}")
+        return func(*args, **(kwargs or {}))
+
+
+def neuron_rehearsal():
+    from torchtitan_neuron.rehearse import device
+
+    device.setup("trn2")
+    seq, heads, kv, dim = 8192, 64, 8, 64
+    with FakeTensorMode():
+        q = torch.randn(1, seq, heads, dim, device="neuron", dtype=torch.bfloat16,
+                        requires_grad=True)
+        k, v = (torch.randn(1, seq, kv, dim, device="neuron", dtype=torch.bfloat16)
+                for _ in range(2))
+        sinks = torch.randn(heads, device="neuron")
+        with _FusedInputs():
+            mask = attention_mask(seq, 128, "neuron")
+            sink_sdpa(q, k, v, sinks, mask, 0.125, True).sum().backward()
+
+
 if __name__ == "__main__":
+    if "--neuron" in sys.argv:
+        neuron_rehearsal()
+        sys.exit()
     kernels()
     gqa_and_padding()
     memory_at_8192()
