@@ -279,7 +279,7 @@ def test_gpt_oss_download_command_fills_the_20b_recipes_tokenizer_folder(
         dl, clean_env, capsys, caplog):
     """The docs' command (`--repo_id openai/gpt-oss-20b --assets tokenizer`)
     writes where the GPT-OSS 20B recipes read their tokenizer."""
-    from torchtitan_neuron.models.gpt_oss.config_registry import gpt_oss_20b_neuron_tp4_fsdp16
+    from torchtitan_neuron.models.gpt_oss.config_registry import gpt_oss_20b_neuron_tp2_fsdp32
 
     files = {name: (TOKENIZER_DIR / name).read_text()
              for name in ("tokenizer.json", "tokenizer_config.json")}
@@ -287,6 +287,6 @@ def test_gpt_oss_download_command_fills_the_20b_recipes_tokenizer_folder(
                           ["--repo_id", "openai/gpt-oss-20b", "--assets", "tokenizer"],
                           fake_downloader(files))
     assert rc == 0 and "gpt-oss-20b" in out
-    recipe_path = gpt_oss_20b_neuron_tp4_fsdp16().hf_assets_path
+    recipe_path = gpt_oss_20b_neuron_tp2_fsdp32().hf_assets_path
     assert recipe_path == "./assets/hf/gpt-oss-20b"
     assert sorted(p.name for p in (clean_env / recipe_path).iterdir()) == sorted(files)

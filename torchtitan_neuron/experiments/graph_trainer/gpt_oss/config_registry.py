@@ -14,7 +14,7 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fsdp
 from torchtitan_neuron.models.gpt_oss.config_registry import (
-    gpt_oss_20b_neuron_tp4_fsdp16,
+    gpt_oss_20b_neuron_tp2_fsdp32,
     gpt_oss_120b_neuron_tp4,
     gpt_oss_debugmodel_neuron_tp2_fsdp2,
 )
@@ -42,11 +42,11 @@ def _neuron_simple_fsdp_gpt_oss_config(
 
 
 def simple_fsdp_gpt_oss_20b() -> NeuronGraphTrainer.Config:
-    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp4_fsdp16)
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp2_fsdp32)
 
 
 def simple_fsdp_gpt_oss_20b_fullac() -> NeuronGraphTrainer.Config:
-    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp4_fsdp16, full_ac=True)
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp2_fsdp32, full_ac=True)
 
 
 def simple_fsdp_gpt_oss_120b_fullac() -> NeuronGraphTrainer.Config:
