@@ -78,14 +78,15 @@ def kernels():
     seq, width = 64, padded_head_dim(16)
     q = torch.randn(2, 4, seq, width)
     k = torch.randn(2, 2, seq + 1, width)
-    mask = attention_mask(seq, 4, "cpu")
     for v_dim in (width, 16):
         v = torch.randn(2, 2, seq + 1, v_dim)
         for dtype in (torch.float32, torch.bfloat16):
-            choice = torch._fused_sdp_choice(q.to(dtype), k.to(dtype), v.to(dtype), mask,
-                                             0.0, False, scale=0.3, enable_gqa=True)
-            print(f"kernel: q,k dim {width}, v dim {v_dim}, {dtype}, GQA, bool mask: "
-                  f"{SDPBackend(choice).name}")
+            for kind, mask in (("bool", attention_mask(seq, 4, "cpu")),
+                               ("additive", additive_attention_mask(seq, 4, "cpu", dtype))):
+                choice = torch._fused_sdp_choice(q.to(dtype), k.to(dtype), v.to(dtype), mask,
+                                                 0.0, False, scale=0.3, enable_gqa=True)
+                print(f"kernel: q,k dim {width}, v dim {v_dim}, {dtype}, GQA, {kind} mask: "
+                      f"{SDPBackend(choice).name}")
 
 
 def gqa_and_padding():

@@ -353,11 +353,12 @@ def test_cpu_picks_the_flash_kernel():
     seq = 64
     q = torch.randn(B, HQ, seq, padded_head_dim(DH))
     k = torch.randn(B, HKV, seq + 1, padded_head_dim(DH))
-    mask = attention_mask(seq, 4, "cpu")
-    for v_dim, kernel in ((padded_head_dim(DH), "FLASH_ATTENTION"), (DH, "MATH")):
-        v = torch.randn(B, HKV, seq + 1, v_dim)
-        choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=SCALE, enable_gqa=True)
-        assert torch.nn.attention.SDPBackend(choice).name == kernel
+    for mask in (attention_mask(seq, 4, "cpu"), additive_attention_mask(seq, 4, "cpu", q.dtype)):
+        for v_dim, kernel in ((padded_head_dim(DH), "FLASH_ATTENTION"), (DH, "MATH")):
+            v = torch.randn(B, HKV, seq + 1, v_dim)
+            choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=SCALE,
+                                             enable_gqa=True)
+            assert torch.nn.attention.SDPBackend(choice).name == kernel
     assert padded_head_dim(64) == 72 and padded_head_dim(16) == 24
 
 
