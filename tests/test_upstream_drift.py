@@ -147,6 +147,29 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.models.common.rope:_maybe_wrap_positions": "a2af8d38d867048a",
         "torchtitan.models.common.rope:_maybe_check_max_pos": "3a5325f977a8850f",
     },
+    "sdpa-sink-attention": {
+        # The forward whose inner call SdpaSinkAttention.forward replaces, the
+        # sink rescale it computes as an extra key, the parameters and scale
+        # it keeps, and the local_map TP wraps inner_attention in.
+        "torchtitan.models.gpt_oss.model:Attention.forward": "393a1a1f38d53631",
+        "torchtitan.models.gpt_oss.model:Attention.__init__": "ae28c712a17a1fc2",
+        "torchtitan.models.gpt_oss.model:Attention._apply_sinks": "1649838cd57accb1",
+        "torchtitan.models.gpt_oss.model:apply_attention_sink_rescale": "ddd03030970c4677",
+        "torchtitan.models.common.decoder_sharding:set_gqa_inner_attention_local_map":
+            "f22409dd9d11c299",
+        # Masks are built only for Flex / varlen inner attention.
+        "torchtitan.trainer:Trainer.post_dataloading_process": "51be1a1136fb496f",
+        "torchtitan.components.validate:Validator.post_dataloading_process": "43848f8c9c22d579",
+    },
+    "sdpa-sink-model": {
+        # The forward SdpaSinkGptOssModel.forward copies (plus the masks), the
+        # block that picks attention_masks[attn_mask_key] from a dict, and the
+        # keys and window choice of upstream's own masks.
+        "torchtitan.models.common.decoder:Decoder.forward": "58c16714d1cc42b6",
+        "torchtitan.models.gpt_oss.model:GptOssTransformerBlock.__init__": "9e87826bf89f2533",
+        "torchtitan.models.gpt_oss.model:GptOssTransformerBlock.forward": "49130908bf05decc",
+        "torchtitan.models.gpt_oss.model:GptOssModel.get_attention_masks": "4ba8b2d8fd2814bc",
+    },
     "block-causal": {
         "torchtitan.models.common.attention:ScaledDotProductAttention.forward":
             "1b4f80db0606060f",

@@ -24,22 +24,37 @@ P the next multiple of 8 above Dh (so P >= Dh + 1):
 P is 8-aligned rather than Dh + 1 because the fused CUDA kernels want aligned
 head dims, and on CPU 72 ran faster than 65 (docs/gpt_oss_attention.md).
 
-The mask is one boolean ``(1 or B, 1, S, S + 1)`` tensor shared by all heads
-(True: may attend): causal, the window on window layers (key j > i - window:
-the token and the window - 1 before it), the document mask under
-block_causal, and the sink column always True (no row is empty). GQA goes to
-SDPA's ``enable_gqa``. Shapes are static; nothing is gathered by position.
+The mask is one ``(1 or B, 1, S, S + 1)`` tensor shared by all heads: causal,
+the window on window layers (key j > i - window: the token and the window - 1
+before it), the document mask under block_causal, and the sink column always
+open (no row is empty). GQA goes to SDPA's ``enable_gqa``. Shapes are static;
+nothing is gathered by position.
+
+Where the masks are built. SDPA turns a boolean mask into an additive float
+mask in q's dtype inside every call (CPU, and the composite path on Neuron)
+and keeps that copy for the backward, so a boolean mask per layer costs one
+float ``S x (S + 1)`` tensor per layer. ``SdpaSinkGptOssModel`` (built from a
+config by ``use_sdpa_sink_model``) therefore builds the additive masks once
+per forward, in the dtype the layers' q will have, and hands every layer the
+dict ``{"basic_mask", "sliding_window_mask"}`` from which upstream's
+``GptOssTransformerBlock`` picks its own; ``SinkSDPA`` passes a float mask to
+SDPA as it is. Given ``None`` or a boolean document mask instead (a plain
+``GptOssModel`` whose layers were converted by ``use_sdpa_sink_attention``),
+``SinkSDPA`` builds the boolean mask itself, as before, and pays SDPA's
+per-call copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from torchtitan.models.gpt_oss.model import Attention
+from torchtitan.models.gpt_oss.model import Attention, GptOssModel
 from torchtitan.protocols.module import Module
 
 from torchtitan_neuron.config_utils import promote
@@ -76,6 +91,81 @@ def attention_mask(
     return allowed
 
 
+# The keys of the masks dict: upstream's GptOssTransformerBlock picks
+# ``attention_masks[self.attn_mask_key]``, the window one on window layers.
+BASIC_MASK, WINDOW_MASK = "basic_mask", "sliding_window_mask"
+
+
+def additive_attention_mask(
+    seq_len: int,
+    window: int | None,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    document_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``attention_mask`` as an additive float mask in ``dtype``: 0 where
+    query i may attend key j, -inf elsewhere; the sink column is 0.
+
+    SDPA adds it to the scores as it is (no conversion, no copy). -inf is
+    safe: every row has the sink's 0, so no softmax row is all -inf.
+    """
+    allowed = attention_mask(seq_len, window, device, document_mask)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(allowed, zero, torch.full((), -math.inf, dtype=dtype, device=device))
+
+
+def shared_attention_masks(
+    seq_len: int,
+    window: int | None,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    document_mask: torch.Tensor | None = None,
+    *,
+    full: bool = True,
+) -> dict[str, torch.Tensor]:
+    """The masks all layers of one forward share, as upstream's block picks
+    them: ``"basic_mask"`` (causal, documents; unless ``full`` is False: no
+    layer without a window) and, if ``window``, ``"sliding_window_mask"``
+    (the same and the window). Additive, in ``dtype``, ``(1, 1, S, S + 1)``
+    or with documents ``(B, 1, S, S + 1)``."""
+    masks = {}
+    if full:
+        masks[BASIC_MASK] = additive_attention_mask(seq_len, None, device, dtype, document_mask)
+    if window is not None:
+        masks[WINDOW_MASK] = additive_attention_mask(seq_len, window, device, dtype, document_mask)
+    return masks
+
+
+def compute_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype the layers' q will have, given the embedding output ``h``:
+    autocast's dtype when autocast is on (the projections then return it
+    whatever ``h`` is), else ``h``'s, which is the parameters' compute dtype
+    (bf16 under FSDP2's or SimpleFSDP's param_dtype bf16, fp32 in the fp32
+    runs)."""
+    device_type = h.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return h.dtype
+
+
+def _check_document_mask(documents, seq_len: int) -> None:
+    if documents is None:
+        return
+    if not (isinstance(documents, torch.Tensor) and documents.dtype == torch.bool
+            and documents.dim() == 4 and documents.shape[1:] == (1, seq_len, seq_len)):
+        raise TypeError(
+            "SDPA sink attention takes attention_masks None (causal), "
+            "block_causal_mask's boolean (B, 1, S, S) tensor, or an additive "
+            f"float (1 or B, 1, S, S + 1) mask; got {_describe(documents)}"
+        )
+
+
+def _describe(masks) -> str:
+    if isinstance(masks, torch.Tensor):
+        return f"a {masks.dtype} tensor of shape {tuple(masks.shape)}"
+    return type(masks).__name__
+
+
 def sink_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -88,8 +178,9 @@ def sink_sdpa(
     """Attention with per-head sinks in one SDPA call.
 
     q ``(B, S, Hq, Dh)``, k and v ``(B, S, Hkv, Dh)``, sinks ``(Hq,)``, mask
-    from ``attention_mask``; returns ``(B, S, Hq, Dh)``, the layout upstream's
-    inner attentions return.
+    from ``attention_mask`` (boolean: SDPA converts it in every call) or
+    ``additive_attention_mask`` (in q's dtype: used as it is); returns
+    ``(B, S, Hq, Dh)``, the layout upstream's inner attentions return.
     """
     batch, seq, n_heads, head_dim = q.shape
     n_kv, width = k.shape[2], padded_head_dim(head_dim)
@@ -111,6 +202,12 @@ def sink_sdpa(
 
 class SinkSDPA(Module):
     """``SdpaSinkAttention``'s inner attention: the mask, then ``sink_sdpa``.
+
+    ``attention_masks`` is either the additive float mask the model built for
+    this layer (``SdpaSinkGptOssModel``: passed to SDPA as it is, ``window``
+    unused since the mask has it), or ``None`` / block_causal's boolean
+    ``(B, 1, S, S)`` document mask, from which the boolean mask is built here
+    (SDPA then converts it to float in every call).
 
     A module rather than a call in the outer forward because upstream's TP
     sharding wraps whatever ``inner_attention`` is in a ``local_map``
@@ -138,16 +235,24 @@ class SinkSDPA(Module):
         window: int | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        documents = attention_masks
-        if documents is not None and not (
-            isinstance(documents, torch.Tensor) and documents.dtype == torch.bool
-        ):
-            raise TypeError(
-                "SDPA sink attention takes attention_masks None (causal) or "
-                "block_causal_mask's boolean (B, 1, S, S) tensor, got "
-                f"{type(documents).__name__}"
-            )
-        mask = attention_mask(q_BLNH.shape[1], window, q_BLNH.device, documents)
+        seq_len = q_BLNH.shape[1]
+        masks = attention_masks
+        if isinstance(masks, torch.Tensor) and masks.is_floating_point():
+            if masks.dim() != 4 or masks.shape[1:] != (1, seq_len, seq_len + 1):
+                raise TypeError(
+                    "SDPA sink attention takes an additive mask of shape "
+                    f"(1 or B, 1, {seq_len}, {seq_len + 1}); got {_describe(masks)}"
+                )
+            if masks.dtype != q_BLNH.dtype:
+                # SDPA would cast it, a float S x S copy per layer.
+                raise TypeError(
+                    f"the additive attention mask is {masks.dtype} but q is "
+                    f"{q_BLNH.dtype}: build it in q's dtype (compute_dtype)"
+                )
+            mask = masks
+        else:
+            _check_document_mask(masks, seq_len)
+            mask = attention_mask(seq_len, window, q_BLNH.device, masks)
         return sink_sdpa(q_BLNH, k_BLNH, v_BLNH, sinks, mask, scale, enable_gqa)
 
 
@@ -202,6 +307,10 @@ def use_sdpa_sink_attention(model_config) -> None:
     ``GptOssModel.get_attention_masks`` only for Flex and varlen configs, so
     they no longer do: the layers get ``attention_masks`` None, or the
     block_causal mask this project's trainer puts there.
+
+    The model class stays upstream's, so each layer builds its own boolean
+    mask and SDPA converts it to a float ``S x (S + 1)`` copy per layer; use
+    ``use_sdpa_sink_model`` for a model that builds the masks once.
     """
     for layer in model_config.layers:
         attention = layer.attention
@@ -215,3 +324,93 @@ def use_sdpa_sink_attention(model_config) -> None:
         layer.attention = promote(
             attention, SdpaSinkAttention.Config, inner_attention=SinkSDPA.Config()
         )
+
+
+class SdpaSinkGptOssModel(GptOssModel):
+    """Upstream's ``GptOssModel`` whose forward builds the attention masks
+    once and shares them across layers.
+
+    Every layer has ``SdpaSinkAttention``. The forward is upstream's
+    ``Decoder.forward`` with one step added after the embedding: the dict of
+    ``shared_attention_masks`` (additive, in ``compute_dtype`` of the
+    embedding output, combined once with the trainer's boolean document mask
+    if one is passed), which every layer receives and from which upstream's
+    ``GptOssTransformerBlock`` picks its own. Two float ``S x (S + 1)``
+    tensors per forward (one if all layers have a window or none has),
+    whatever the number of layers. A dict passed as ``attention_masks`` is
+    used as it is.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GptOssModel.Config):
+        pass
+
+    def __init__(self, config: Config) -> None:
+        attentions = [layer.attention for layer in config.layers]
+        wrong = [type(a).__qualname__ for a in attentions
+                 if not isinstance(a, SdpaSinkAttention.Config)]
+        if wrong:
+            raise TypeError(
+                "SdpaSinkGptOssModel needs SdpaSinkAttention on every layer "
+                f"(use_sdpa_sink_model); got {sorted(set(wrong))}"
+            )
+        windows = sorted({a.sliding_window_size for a in attentions} - {None})
+        if len(windows) > 1:
+            # Upstream's block has one key for all window layers.
+            raise ValueError(
+                f"GPT-OSS window layers share one mask; got windows {windows}"
+            )
+        super().__init__(config)
+        self.sliding_window_size = windows[0] if windows else None
+        # Only the masks some layer picks.
+        self.has_full_layers = any(a.sliding_window_size is None for a in attentions)
+
+    def shared_attention_masks(
+        self, tokens: torch.Tensor, h: torch.Tensor, document_mask: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        """The masks of one forward. The sequence comes from ``tokens`` (under
+        sequence parallelism ``h`` may be a sequence shard)."""
+        seq_len = tokens.shape[1]
+        _check_document_mask(document_mask, seq_len)
+        return shared_attention_masks(
+            seq_len, self.sliding_window_size, h.device, compute_dtype(h), document_mask,
+            full=self.has_full_layers,
+        )
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        attention_masks: torch.Tensor | dict | None = None,
+    ):
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if not isinstance(attention_masks, dict):
+            attention_masks = self.shared_attention_masks(tokens, h, attention_masks)
+
+        for layer in self.layers.values():
+            h = layer(h, attention_masks, positions)
+
+        h = self.norm(h) if self.norm is not None else h
+        if self._skip_lm_head:
+            return h
+        return self.lm_head(h) if self.lm_head is not None else h
+
+
+def use_sdpa_sink_model(model_config) -> SdpaSinkGptOssModel.Config:
+    """A GPT-OSS model config as ``SdpaSinkGptOssModel.Config``: every layer
+    converted by ``use_sdpa_sink_attention`` (in place), then the model config
+    promoted (every field carried over), so ``build()`` makes the model that
+    shares its masks. Returns the new config; a config already of that class
+    (or a subclass) is returned as it is."""
+    if isinstance(model_config, SdpaSinkGptOssModel.Config):
+        use_sdpa_sink_attention(model_config)
+        return model_config
+    if type(model_config) is not GptOssModel.Config:
+        # A subclass's model would lose its own class (and methods) here.
+        raise TypeError(
+            "use_sdpa_sink_model takes upstream's GptOssModel.Config, got "
+            f"{type(model_config).__qualname__}; a model class of its own "
+            "shares the masks by deriving from SdpaSinkGptOssModel"
+        )
+    use_sdpa_sink_attention(model_config)
+    return promote(model_config, SdpaSinkGptOssModel.Config)
