@@ -174,16 +174,23 @@ def _assert_gpt_oss_shaping(config, name):
     choice and the load-balancing hook, as the DeepSeek recipes have them."""
     from torchtitan_neuron.components.gpt_oss_experts import GptOssLocalExperts
     from torchtitan_neuron.components.moe import CountOnceMoE
-    from torchtitan_neuron.components.sink_attention import SdpaSinkAttention
+    from torchtitan_neuron.components.sink_attention import (
+        SdpaSinkAttention,
+        SdpaSinkGptOssModel,
+    )
 
     spec = config.model_spec
     assert spec.post_optimizer_build_fn is register_load_balancing_hook
+    # Both registries build the model that shares its masks across layers.
+    assert isinstance(spec.model, SdpaSinkGptOssModel.Config)
     assert config.parallelism.expert_parallel_degree == 1
     for layer in spec.model.layers:
         assert isinstance(layer.attention, SdpaSinkAttention.Config)
         assert isinstance(layer.moe, CountOnceMoE.Config)
         assert isinstance(layer.moe.routed_experts.inner_experts, GptOssLocalExperts.Config)
     windows = [layer.attention.sliding_window_size for layer in spec.model.layers]
+    if not name.startswith("simple_fsdp"):
+        assert type(spec.model) is SdpaSinkGptOssModel.Config
     if "debugmodel" in name:
         assert spec.flavor == "debugmodel_cpu" and len(windows) == 4
         # Windows on layers 0 and 2, shorter than the sequence.

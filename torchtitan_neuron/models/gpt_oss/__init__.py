@@ -17,7 +17,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 
 from torchtitan_neuron.components.model_config import neuron_spec
 from torchtitan_neuron.components.moe import register_load_balancing_hook
-from torchtitan_neuron.components.sink_attention import use_sdpa_sink_attention
+from torchtitan_neuron.components.sink_attention import use_sdpa_sink_model
 
 # The CPU debug model: upstream's debugmodel (dim 256, 4 layers, 64 query and
 # 8 KV heads of 64, 8 experts, vocab 2048; sliding window on layers 0 and 2)
@@ -55,15 +55,20 @@ def _upstream_spec(flavor: str) -> ModelSpec:
 def model_registry(
     flavor: str, converters: list[ModelConfigConverter.Config] | None = None
 ) -> ModelSpec:
-    """Upstream's GPT-OSS spec with SDPA sink attention on every layer, the
-    prefix-cache RoPE switch, count-once MoE layers, ``converters`` and this
-    project's load-balancing hook.
+    """Upstream's GPT-OSS spec with SDPA sink attention on every layer (the
+    model, ``SdpaSinkGptOssModel``, builds the additive masks once per
+    forward and all layers share them), the prefix-cache RoPE switch,
+    count-once MoE layers, ``converters`` and this project's load-balancing
+    hook.
 
     Upstream's GPT-OSS runs Flex or CUDA varlen attention only; the converter
     replaces either with sinks, windows and document masks on SDPA, which
     Neuron, CUDA and CPU all run (docs/gpt_oss_attention.md).
     """
     config = GPT_OSS_FLAVORS[flavor](moe_comm_backend="standard", attn_backend="flex")
-    use_sdpa_sink_attention(config)
+    # The shared masks: one float S x (S + 1) mask per kind per forward
+    # instead of SDPA's float copy of a boolean mask inside every layer
+    # (docs/gpt_oss_attention.md).
+    config = use_sdpa_sink_model(config)
     spec = replace(_upstream_spec(flavor), model=config)
     return neuron_spec(spec, converters, post_optimizer_build_fn=register_load_balancing_hook)

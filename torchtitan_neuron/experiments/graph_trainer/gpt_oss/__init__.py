@@ -14,9 +14,9 @@ from .model import GraphTrainerGptOssModel
 
 
 def model_registry(flavor: str) -> ModelSpec:
-    """The plain GPT-OSS spec (SDPA sink attention, count-once MoE, the
-    load-balancing hook) as a GraphTrainer model with this project's
-    SimpleFSDP parallelize function.
+    """The plain GPT-OSS spec (SDPA sink attention with shared masks,
+    count-once MoE, the load-balancing hook) as a GraphTrainer model with
+    this project's SimpleFSDP parallelize function.
 
     ``neuron_simple_fsdp`` takes the model class and functions from here; the
     model config itself comes from the plain recipe it converts.

@@ -6,6 +6,10 @@ property would write into a temporary gathered copy. Upstream's DeepSeek-V3
 GraphTrainer model (``GraphTrainerDeepSeekV3Model``) therefore runs
 ``init_states`` with the parametrization disabled; this is the same for
 GPT-OSS.
+
+The base class is ``SdpaSinkGptOssModel`` (upstream's ``GptOssModel`` with
+SDPA sink attention and masks built once per forward, shared by all layers),
+so the SimpleFSDP recipes run the same forward as the plain ones.
 """
 
 from dataclasses import dataclass
@@ -15,12 +19,13 @@ import torch
 from torchtitan.experiments.graph_trainer.simple_fsdp import (
     disable_active_parametrization,
 )
-from torchtitan.models.gpt_oss.model import GptOssModel
+
+from torchtitan_neuron.components.sink_attention import SdpaSinkGptOssModel
 
 
-class GraphTrainerGptOssModel(GptOssModel):
+class GraphTrainerGptOssModel(SdpaSinkGptOssModel):
     @dataclass(kw_only=True, slots=True)
-    class Config(GptOssModel.Config):
+    class Config(SdpaSinkGptOssModel.Config):
         pass
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
