@@ -6,8 +6,12 @@ is the same sequence, built from upstream's pieces, with activation
 checkpointing and reshard-after-forward applied between TP and SimpleFSDP.
 """
 
+import sys
 from collections.abc import Callable
 
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.experiments.graph_trainer.common_utils import (
     annotate_module_fqns,
     annotate_moe_ep_regions,
@@ -19,6 +23,13 @@ from torchtitan.experiments.graph_trainer.deepseek_v3.parallelize import (
     annotate_deepseekv3,
 )
 from torchtitan.experiments.graph_trainer.llama3.parallelize import annotate_llama
+from torchtitan.experiments.graph_trainer.simple_fsdp import (
+    MixedPrecisionPolicy,
+    ReplicateComputation,
+    _distribute_dtensor,
+    _register_parametrization,
+)
+from torchtitan.tools.logging import logger
 
 from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
@@ -52,6 +63,7 @@ def parallelize_simple_fsdp(
     if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
         model.parallelize(parallel_dims)
     apply_activation_checkpointing(model, ac_config, dump_folder)
+    replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     reshard_after_forward(model)
     return apply_compile(
@@ -61,6 +73,110 @@ def parallelize_simple_fsdp(
         parallel_dims=parallel_dims,
         dump_folder=dump_folder,
     )
+
+
+# One subclass per module class whose parameters stay replicated over FSDP;
+# see replicate_unevenly_sharded.
+_REPLICATED_CLASSES: dict[type, type] = {}
+
+
+def _replicated_class(cls: type) -> type:
+    """A subclass of ``cls`` of its own, so SimpleFSDP's wrapper-class cache
+    (keyed by class and parameter names, holding the first instance's
+    parametrization) gives the replicated modules a ``SimpleFSDP`` class
+    apart from the sharded modules of the same class in other models."""
+    if cls not in _REPLICATED_CLASSES:
+        sub = type(f"FsdpReplicated{cls.__name__}", (cls,), {"__module__": __name__})
+        # Importable, as upstream does for its wrapper classes, so that
+        # pickle/GraphPickler can resolve it.
+        setattr(sys.modules[__name__], sub.__name__, sub)
+        _REPLICATED_CLASSES[cls] = sub
+    return _REPLICATED_CLASSES[cls]
+
+
+def replicate_unevenly_sharded(model: nn.Module, *, parallel_dims, training) -> list[str]:
+    """Keep TP DTensor parameters that FSDP cannot shard evenly replicated
+    over the FSDP ranks instead. Returns the names of the parameters kept so.
+
+    Why: for a parameter already a DTensor (TP), SimpleFSDP 0.3.0 shards the
+    TP-local tensor over FSDP (``_StridedShard``), and its gather re-wraps
+    each rank's FSDP shard with ``DTensor.from_local(shard, fsdp_mesh,
+    (Shard(0),))``, which takes the global size to be the local shard's
+    times the FSDP degree. When the TP-local dim 0 is not a multiple of the
+    FSDP degree the shards are uneven (some ranks hold one row, some none)
+    and the gathered tensor has the wrong size: GPT-OSS-120B's 64 attention
+    sinks at TP4 x FSDP32 are 16 per TP rank, one row on 16 FSDP ranks and
+    none on the other 16, and the gather returns 32. Plain (non-TP)
+    parameters are unaffected: their gather keeps the true global shape.
+
+    Replicating them is what upstream's ``data_parallel(mode="replicate")``
+    does to a module's own parameters, on the FSDP mesh, done here to the
+    modules that own such parameters before ``apply_simple_fsdp`` (which
+    skips modules already wrapped, as it does for expert modules wrapped on
+    their own mesh): no gather in the forward, an all-reduce of the gradient
+    in the backward. ``data_parallel`` itself is not called on them: it
+    would recurse into the children (GPT-OSS attention's wq/wk/wv/wo), which
+    must stay sharded. A module is wrapped as a whole, so every parameter it
+    owns itself is replicated; for GPT-OSS that is the attention's ``sinks``
+    alone (64 values a layer).
+
+    Only with FSDP alone on its mesh (no HSDP): upstream's replicate mode
+    takes a 1-D mesh. Expert modules wrapped by upstream on the EP mesh are
+    left to it.
+    """
+    if not (parallel_dims.tp_enabled or parallel_dims.ep_enabled):
+        return []
+    if parallel_dims.dp_replicate_enabled:
+        return []
+    fsdp_mesh = parallel_dims.get_mesh(["fsdp"])
+    degree = fsdp_mesh.size()
+    if degree == 1:
+        return []
+    skip = set()
+    if parallel_dims.ep_enabled:
+        for module in model.modules():
+            routed = getattr(getattr(module, "moe", None), "routed_experts", None)
+            if routed is not None:
+                skip.update(id(m) for m in routed.inner_experts.modules())
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+    )
+    placements = (Replicate(),)
+    kept = []
+    for name, module in model.named_modules():
+        if id(module) in skip:
+            continue
+        own = dict(module.named_parameters(recurse=False))
+        uneven = [
+            p_name for p_name, p in own.items()
+            if isinstance(p, DTensor) and p.numel() > 0
+            and (p.to_local().ndim == 0 or p.to_local().shape[0] % degree != 0)
+        ]
+        if not uneven:
+            continue
+        # The body of upstream's data_parallel loop for one module, mode
+        # "replicate", without the recursion.
+        for p_name, p in own.items():
+            if p is None or p.numel() == 0:
+                continue
+            distribute = _distribute_dtensor if isinstance(p, DTensor) else distribute_tensor
+            module.register_parameter(
+                p_name, nn.Parameter(distribute(p, fsdp_mesh, placements))
+            )
+        module.__class__ = _replicated_class(type(module))
+        _register_parametrization(
+            module, list(own),
+            ReplicateComputation(fsdp_mesh, placements, "replicate", mp_policy=mp_policy),
+        )
+        kept += [f"{name}.{p_name}" if name else p_name for p_name in own]
+    if kept:
+        logger.info(
+            "SimpleFSDP: %d parameters kept replicated over the %d FSDP ranks "
+            "(TP-local dim 0 not a multiple of it), e.g. %s",
+            len(kept), degree, kept[0],
+        )
+    return kept
 
 
 def parallelize_llama(model, **kwargs):
