@@ -10,7 +10,7 @@ every rank held the larger one); the gradient is the sum over the two FSDP
 ranks of the same TP rank, as FSDP's reduce-scatter would give. This is the
 case of GPT-OSS-120B's 64 attention sinks at TP4 x FSDP32 (docs/gpt_oss.md).
 
-Tier: e2e (4 processes, a few seconds).
+Tier: e2e (4 processes, 26-35 s on the 2-core machine).
 Run: .venv/bin/python -m pytest tests/test_simple_fsdp_uneven.py -q
 """
 
