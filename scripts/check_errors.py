@@ -144,6 +144,24 @@ def case_tp_ngpu(tmp):
                            "NGPU=3", ngpu=3)
 
 
+GPT_OSS = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
+
+
+def case_gpt_oss_tp_vs_kv_heads(tmp):
+    # TP 16 divides NGPU=16 (torchtitan accepts it) but not GPT-OSS's 8 KV heads.
+    return _preflight_case([*FAST, "--parallelism.tensor_parallel_degree", "16"],
+                           "does not divide GPT-OSS's 8 KV heads", ngpu=16,
+                           module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
+
+
+def case_gpt_oss_ep_vs_experts(tmp):
+    return _preflight_case([*FAST, "--parallelism.expert_parallel_degree", "3",
+                            "--training.global_batch_size", "6",
+                            "--training.disable_cuda_graphs"],
+                           "does not divide GPT-OSS's 8 experts", ngpu=3,
+                           module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
+
+
 def case_cpu_oversubscribed(tmp):
     ngpu = (os.cpu_count() or 1) + 1
     out = _train([*FAST, "--training.steps", "1", f"--dump_folder={tmp}"], ngpu=ngpu)
@@ -222,6 +240,8 @@ CASES = {
     "seq-len-vs-tp": case_seq_len_tp,
     "global-batch": case_global_batch,
     "tp-vs-ngpu": case_tp_ngpu,
+    "gpt-oss-tp-vs-kv-heads": case_gpt_oss_tp_vs_kv_heads,
+    "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
     "cpu-oversubscribed": case_cpu_oversubscribed,
     "trn2-on-cpu": case_trn2_on_cpu,
     "ctrl-c": case_ctrl_c,

@@ -273,3 +273,20 @@ def test_cli_offline_exits_cleanly(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "Could not reach the Hugging Face Hub" in proc.stderr
     assert str(tmp_path / "hf" / "Llama-3.1-8B") in proc.stderr
+
+
+def test_gpt_oss_download_command_fills_the_20b_recipes_tokenizer_folder(
+        dl, clean_env, capsys, caplog):
+    """The docs' command (`--repo_id openai/gpt-oss-20b --assets tokenizer`)
+    writes where the GPT-OSS 20B recipes read their tokenizer."""
+    from torchtitan_neuron.models.gpt_oss.config_registry import gpt_oss_20b_neuron_tp2_fsdp32
+
+    files = {name: (TOKENIZER_DIR / name).read_text()
+             for name in ("tokenizer.json", "tokenizer_config.json")}
+    rc, out, _ = run_main(dl, capsys, caplog,
+                          ["--repo_id", "openai/gpt-oss-20b", "--assets", "tokenizer"],
+                          fake_downloader(files))
+    assert rc == 0 and "gpt-oss-20b" in out
+    recipe_path = gpt_oss_20b_neuron_tp2_fsdp32().hf_assets_path
+    assert recipe_path == "./assets/hf/gpt-oss-20b"
+    assert sorted(p.name for p in (clean_env / recipe_path).iterdir()) == sorted(files)

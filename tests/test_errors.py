@@ -140,6 +140,41 @@ def test_layout_is_refused_exactly_where_torchtitan_refuses_it(overrides, ngpu):
         assert preflight.check_layout(config, ngpu)["dp"] >= 1
 
 
+GPT_OSS = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
+
+
+@pytest.mark.parametrize("recipe, overrides, ngpu, expected", [
+    ("simple_fsdp_gpt_oss_20b", ("--parallelism.tensor_parallel_degree", "16"), 64,
+     "--parallelism.tensor_parallel_degree 16 does not divide GPT-OSS's 8 KV heads; "
+     "use 1, 2, 4 or 8."),
+    ("simple_fsdp_gpt_oss_debugmodel", ("--parallelism.tensor_parallel_degree", "3"), 6,
+     "--parallelism.tensor_parallel_degree 3 does not divide GPT-OSS's 8 KV heads; "
+     "use 1, 2, 4 or 8."),
+    ("simple_fsdp_gpt_oss_debugmodel", ("--parallelism.expert_parallel_degree", "3",
+                                        "--training.global_batch_size", "12",
+                                        # upstream refuses EP with CUDA graphs on
+                                        "--training.disable_cuda_graphs"), 6,
+     "--parallelism.expert_parallel_degree 3 does not divide GPT-OSS's 8 experts; "
+     "use 1, 2, 4 or 8."),
+])
+def test_gpt_oss_layout_the_model_cannot_take_is_refused(recipe, overrides, ngpu, expected):
+    """Degrees torchtitan's ParallelDims accepts but GPT-OSS's heads or
+    experts cannot be split by: one message naming the flag and the fix."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    config = ConfigManager().parse_args(["--module", GPT_OSS, "--config", recipe, *overrides])
+    ParallelDims.from_config(config.parallelism, ngpu)  # upstream lets it through
+    assert _message(preflight.check_layout, config, ngpu) == expected
+
+
+def test_gpt_oss_layouts_that_fit_the_model_pass():
+    for tp in (1, 2, 4, 8):
+        config = ConfigManager().parse_args(
+            ["--module", GPT_OSS, "--config", "simple_fsdp_gpt_oss_20b",
+             "--parallelism.tensor_parallel_degree", str(tp)])
+        assert preflight.check_layout(config, 64)["tp"] == tp
+
+
 def test_missing_tokenizer_is_named_with_the_fix(tmp_path):
     msg = _message(preflight.check_tokenizer, _config(f"--hf_assets_path={tmp_path / 'gone'}"))
     assert "no such folder" in msg and "scripts/download_hf_assets.py" in msg

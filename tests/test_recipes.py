@@ -43,6 +43,8 @@ PLAIN_RECIPES = [
 ]
 DS_GRAPH = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 DS_PLAIN = "torchtitan_neuron.models.deepseek_v3"
+GO_GRAPH = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
+GO_PLAIN = "torchtitan_neuron.models.gpt_oss"
 # (module, recipe, world size, expected (tp, dp_shard), AC type or None for as-upstream)
 TP_RECIPES = [
     (DS_PLAIN, "deepseek_v3_16b_neuron_tp4_fsdp16", 64, (4, 16), None),
@@ -55,6 +57,15 @@ TP_RECIPES = [
     ("torchtitan_neuron.models.qwen3", "qwen3_debugmodel_tp2_fsdp2_sac", 4, (2, 2), SelectiveAC.Config),
     (PLAIN_LLAMA, "llama3_8b_tp4_fsdp16_sac", 64, (4, 16), SelectiveAC.Config),
     (PLAIN_LLAMA, "llama3_debugmodel_tp2_fsdp2_sac", 4, (2, 2), SelectiveAC.Config),
+    (GO_PLAIN, "gpt_oss_20b_neuron_tp2_fsdp32", 64, (2, 32), None),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_20b", 64, (2, 32), SelectiveAC.Config),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_20b_fullac", 64, (2, 32), FullAC.Config),
+    (GO_PLAIN, "gpt_oss_120b_neuron_tp4", 128, (4, 32), None),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_120b_fullac", 128, (4, 32), FullAC.Config),
+    (GO_PLAIN, "gpt_oss_debugmodel_neuron_tp2_fsdp2", 4, (2, 2), None),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel", 2, (1, 2), SelectiveAC.Config),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel_fullac", 2, (1, 2), FullAC.Config),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2", 4, (2, 2), SelectiveAC.Config),
 ]
 
 
@@ -138,7 +149,7 @@ def test_tp_recipes(module, name, world, layout, ac_type):
         assert type(config.activation_checkpoint) is ac_type
     for layer in config.model_spec.model.layers:
         assert layer.attention.rope.use_prefix_cache_for_positions
-    if module == DS_GRAPH:
+    if module in (DS_GRAPH, GO_GRAPH):
         assert type(config) is NeuronGraphTrainer.Config
         assert config.compile.mode == "jit" and config.compile.backend == "neuron"
         assert config.compile.components == ["model", "loss", "grad_clip"]
@@ -149,11 +160,49 @@ def test_tp_recipes(module, name, world, layout, ac_type):
             isinstance(m.routed_experts.inner_experts, LocalExperts.Config) for m in moes
         )
         assert config.hf_assets_path == "./tests/assets/tokenizer"
-    if "16b" in name:
+    if "gpt_oss" in name:
+        _assert_gpt_oss_shaping(config, name)
+    if "16b" in name or "20b" in name or "120b" in name:
         # TP4 x FSDP16 reaches the recipe's own global batch of 64 sequences.
         local = config.training.local_batch_size
         assert config.training.global_batch_size == 64
         assert 64 % (local * dims.dp_shard) == 0
+
+
+def _assert_gpt_oss_shaping(config, name):
+    """SDPA sink attention, count-once MoE, GPT-OSS experts on the kernel
+    choice and the load-balancing hook, as the DeepSeek recipes have them."""
+    from torchtitan_neuron.components.gpt_oss_experts import GptOssLocalExperts
+    from torchtitan_neuron.components.moe import CountOnceMoE
+    from torchtitan_neuron.components.sink_attention import (
+        SdpaSinkAttention,
+        SdpaSinkGptOssModel,
+    )
+
+    spec = config.model_spec
+    assert spec.post_optimizer_build_fn is register_load_balancing_hook
+    # Both registries build the model that shares its masks across layers.
+    assert isinstance(spec.model, SdpaSinkGptOssModel.Config)
+    assert config.parallelism.expert_parallel_degree == 1
+    for layer in spec.model.layers:
+        assert isinstance(layer.attention, SdpaSinkAttention.Config)
+        assert isinstance(layer.moe, CountOnceMoE.Config)
+        assert isinstance(layer.moe.routed_experts.inner_experts, GptOssLocalExperts.Config)
+    windows = [layer.attention.sliding_window_size for layer in spec.model.layers]
+    if not name.startswith("simple_fsdp"):
+        assert type(spec.model) is SdpaSinkGptOssModel.Config
+    if "debugmodel" in name:
+        assert spec.flavor == "debugmodel_cpu" and len(windows) == 4
+        # Windows on layers 0 and 2, shorter than the sequence.
+        assert windows == [64, None, 64, None] and config.training.seq_len == 256
+        assert config.hf_assets_path == "./tests/assets/tokenizer"
+    else:
+        flavor, n_layers = ("120b", 36) if "120b" in name else ("20b", 24)
+        assert spec.flavor == flavor and len(windows) == n_layers
+        assert config.hf_assets_path == f"./assets/hf/gpt-oss-{flavor}"
+    if name.startswith("simple_fsdp"):
+        assert spec.name == "simple_fsdp/gpt_oss"
+        assert type(spec.model).__qualname__ == "GraphTrainerGptOssModel.Config"
 
 
 def test_promote_carries_every_field_and_loses_none_unasked():

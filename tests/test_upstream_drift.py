@@ -117,6 +117,27 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.models.common.moe:GroupedExperts.forward": "a964d794b212d5a7",
         "torchtitan.models.common.moe:GroupedExperts._grouped_mm": "ca33a9db4455b6d7",
     },
+    "gpt-oss-experts-dtype": {
+        # The forward replaced (its .bfloat16() casts), the parameters kept,
+        # and the SwiGLU and TP bias scaling reused as they are.
+        "torchtitan.models.gpt_oss.moe:GptOssGroupedExperts.forward": "3891bc0190d95330",
+        "torchtitan.models.gpt_oss.moe:GptOssGroupedExperts.__init__": "3988a6f3710fd308",
+        "torchtitan.models.gpt_oss.moe:swiglu": "d0cdd327acd4d182",
+        "torchtitan.models.gpt_oss.moe:ScaleBiasForward": "b68c6f0a24883927",
+    },
+    "gpt-oss-spec": {
+        # Its parallelize, pipelining and state-dict adapter are kept; its
+        # load-balancing hook and Flex/varlen attention are replaced.
+        "torchtitan.models.gpt_oss:model_registry": "7d6d8239af158241",
+        "torchtitan.models.gpt_oss.model:GptOssModel.get_attention_masks": "4ba8b2d8fd2814bc",
+    },
+    "gpt-oss-graph-model": {
+        # The DeepSeek-V3 GraphTrainer pieces copied for GPT-OSS.
+        "torchtitan.experiments.graph_trainer.deepseek_v3.model:GraphTrainerDeepSeekV3Model.init_states":
+            "46e19c97aff8f51e",
+        "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize:annotate_deepseekv3":
+            "5e4ca6f500e4c3bf",
+    },
     "prefix-cache-rope": {"torchtitan.models.common.rope:RoPE.forward": "9856f0d4c06a2b78"},
     "real-rope": {
         # The cache and the rotation it replaces, and upstream's code it still runs.
@@ -128,6 +149,29 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.models.common.rope:_reshape_for_broadcast": "def978489d4e0b13",
         "torchtitan.models.common.rope:_maybe_wrap_positions": "a2af8d38d867048a",
         "torchtitan.models.common.rope:_maybe_check_max_pos": "3a5325f977a8850f",
+    },
+    "sdpa-sink-attention": {
+        # The forward whose inner call SdpaSinkAttention.forward replaces, the
+        # sink rescale it computes as an extra key, the parameters and scale
+        # it keeps, and the local_map TP wraps inner_attention in.
+        "torchtitan.models.gpt_oss.model:Attention.forward": "393a1a1f38d53631",
+        "torchtitan.models.gpt_oss.model:Attention.__init__": "ae28c712a17a1fc2",
+        "torchtitan.models.gpt_oss.model:Attention._apply_sinks": "1649838cd57accb1",
+        "torchtitan.models.gpt_oss.model:apply_attention_sink_rescale": "ddd03030970c4677",
+        "torchtitan.models.common.decoder_sharding:set_gqa_inner_attention_local_map":
+            "f22409dd9d11c299",
+        # Masks are built only for Flex / varlen inner attention.
+        "torchtitan.trainer:Trainer.post_dataloading_process": "51be1a1136fb496f",
+        "torchtitan.components.validate:Validator.post_dataloading_process": "43848f8c9c22d579",
+    },
+    "sdpa-sink-model": {
+        # The forward SdpaSinkGptOssModel.forward copies (plus the masks), the
+        # block that picks attention_masks[attn_mask_key] from a dict, and the
+        # keys and window choice of upstream's own masks.
+        "torchtitan.models.common.decoder:Decoder.forward": "58c16714d1cc42b6",
+        "torchtitan.models.gpt_oss.model:GptOssTransformerBlock.__init__": "9e87826bf89f2533",
+        "torchtitan.models.gpt_oss.model:GptOssTransformerBlock.forward": "49130908bf05decc",
+        "torchtitan.models.gpt_oss.model:GptOssModel.get_attention_masks": "4ba8b2d8fd2814bc",
     },
     "block-causal": {
         "torchtitan.models.common.attention:ScaledDotProductAttention.forward":
@@ -294,6 +338,18 @@ def test_neuron_is_no_compile_backend_without_torch_neuronx():
     assert "neuron" not in list_backends(exclude_tags=()), (
         "torch.compile now knows a 'neuron' backend without torch-neuronx: "
         "revisit row `neuron-backend` of docs/upstream-workarounds.md")
+
+
+def test_traced_grouped_mm_still_refuses_fp32():
+    """Row `gpt-oss-experts-dtype`: why fp32 GPT-OSS GEMMs take the loop."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b = torch.empty(16, 8), torch.empty(2, 8, 16)
+        offs = torch.tensor([8, 16], dtype=torch.int32)
+        with pytest.raises(RuntimeError, match="BFloat16"):
+            torch._grouped_mm(a, b, offs=offs)
+        assert torch._grouped_mm(a.bfloat16(), b.bfloat16(), offs=offs).shape == (16, 16)
 
 
 def test_gloo_has_no_premul_sum():

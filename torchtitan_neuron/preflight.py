@@ -13,7 +13,9 @@ as a hang):
   other than ``jit`` on a SimpleFSDP recipe); tyro reports these;
 - ``NGPU`` above the NeuronCores or GPUs present (the tutorial's hang); on
   CPU more ranks than cores run, with a one-line note;
-- layout arithmetic that cannot work: parallel degrees that do not divide
+- layout arithmetic that cannot work: a tensor-parallel degree that does not
+  divide the model's query or KV heads, an expert-parallel degree that does
+  not divide its experts (``model_layout.py``); parallel degrees that do not divide
   ``NGPU`` (torchtitan's own ``ParallelDims`` decides; its asserts are
   translated into the flags to change), a sequence length the tensor-parallel degree does not divide, a
   global batch that is not a multiple of local batch x data-parallel degree;
@@ -41,6 +43,8 @@ RECIPE_MODULES = (
     "torchtitan_neuron.models.llama3",
     "torchtitan_neuron.models.qwen3",
     "torchtitan_neuron.models.deepseek_v3",
+    "torchtitan_neuron.experiments.graph_trainer.gpt_oss",
+    "torchtitan_neuron.models.gpt_oss",
 )
 
 EXIT_USAGE = 2
@@ -242,6 +246,11 @@ def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
         dims = ParallelDims.from_config(p, world)
     except AssertionError as exc:
         raise _translate_parallel_dims(p, world, who, exc) from None
+    from torchtitan_neuron.model_layout import model_layout_refusal
+
+    refusal = model_layout_refusal(config, dims.tp, dims.ep)
+    if refusal:
+        raise PreflightError(refusal)
     divisor = dims.seq_len_divisor
     # Only tensor or context parallelism split a sequence (divisor 2 alone is
     # the CP load-balancing factor with no CP).

@@ -10,6 +10,8 @@ DEEPSEEK = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 PLAIN_LLAMA = "torchtitan_neuron.models.llama3"
 PLAIN_DEEPSEEK = "torchtitan_neuron.models.deepseek_v3"
 PLAIN_QWEN = "torchtitan_neuron.models.qwen3"
+GPT_OSS = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
+PLAIN_GPT_OSS = "torchtitan_neuron.models.gpt_oss"
 
 # (module, Trainium recipe) -> (CPU twin, its ranks). The first Trainium
 # recipe listed for a twin is the one its summary offers to plan.
@@ -27,6 +29,11 @@ TWINS: dict[tuple[str, str], tuple[str, int]] = {
     (PLAIN_DEEPSEEK, "deepseek_v3_16b_neuron_tp4_fsdp16"):
         ("deepseek_v3_debugmodel_neuron_tp2_fsdp2", 4),
     (PLAIN_QWEN, "qwen3_8b_tp4_fsdp16_sac"): ("qwen3_debugmodel_tp2_fsdp2_sac", 4),
+    (GPT_OSS, "simple_fsdp_gpt_oss_20b"): ("simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2", 4),
+    (GPT_OSS, "simple_fsdp_gpt_oss_20b_fullac"): ("simple_fsdp_gpt_oss_debugmodel_fullac", 2),
+    (GPT_OSS, "simple_fsdp_gpt_oss_120b_fullac"): ("simple_fsdp_gpt_oss_debugmodel_fullac", 2),
+    (PLAIN_GPT_OSS, "gpt_oss_20b_neuron_tp2_fsdp32"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
+    (PLAIN_GPT_OSS, "gpt_oss_120b_neuron_tp4"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
 }
 TRAINIUM_RANKS = 64  # a trn2.48xlarge's NeuronCores at LNC=2
 

@@ -156,9 +156,26 @@ class ExpertKernelConverter(ModelConfigConverter):
             moe = getattr(layer, "moe", None)
             if moe is None:
                 continue
+            inner = moe.routed_experts.inner_experts
             moe.routed_experts.inner_experts = promote(
-                moe.routed_experts.inner_experts,
-                LocalExperts.Config,
-                implementation=self.config.implementation,
+                inner, _local_experts_config(inner), implementation=self.config.implementation
             )
         return model_config
+
+
+def _local_experts_config(inner) -> type:
+    """The kernel-selectable experts class for an upstream experts config."""
+    from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+
+    if isinstance(inner, GptOssGroupedExperts.Config):
+        # GPT-OSS experts have biases and a clamped SwiGLU (imported here:
+        # gpt_oss_experts builds on this module).
+        from .gpt_oss_experts import GptOssLocalExperts
+
+        return GptOssLocalExperts.Config
+    if isinstance(inner, LocalExperts.Config) or type(inner) is GroupedExperts.Config:
+        return LocalExperts.Config
+    raise TypeError(
+        f"ExpertKernelConverter has no kernel-selectable variant of "
+        f"{type(inner).__qualname__}; it converts GroupedExperts and GptOssGroupedExperts"
+    )

@@ -1,4 +1,4 @@
-"""SimpleFSDP parallelization for the Neuron JIT path (Llama and DeepSeek).
+"""SimpleFSDP parallelization for the Neuron JIT path (Llama, DeepSeek, GPT-OSS).
 
 Upstream's graph_trainer ``parallelize_llama`` / ``parallelize_deepseekv3`` in
 0.3.0 apply TP (and EP), SimpleFSDP and compile but ignore ``ac_config``. This
@@ -9,6 +9,8 @@ checkpointing and reshard-after-forward applied between TP and SimpleFSDP.
 from collections.abc import Callable
 
 from torchtitan.experiments.graph_trainer.common_utils import (
+    annotate_module_fqns,
+    annotate_moe_ep_regions,
     apply_cp_to_attention,
     apply_simple_fsdp,
 )
@@ -67,3 +69,15 @@ def parallelize_llama(model, **kwargs):
 
 def parallelize_deepseekv3(model, **kwargs):
     return parallelize_simple_fsdp(model, annotate=annotate_deepseekv3, **kwargs)
+
+
+def annotate_gpt_oss(model) -> None:
+    """graph_trainer has no GPT-OSS recipe; these are the annotations its
+    ``annotate_deepseekv3`` attaches to an MoE decoder: the MoE dispatch,
+    combine and compute regions, and every submodule's FQN."""
+    annotate_moe_ep_regions()
+    annotate_module_fqns(model)
+
+
+def parallelize_gpt_oss(model, **kwargs):
+    return parallelize_simple_fsdp(model, annotate=annotate_gpt_oss, **kwargs)

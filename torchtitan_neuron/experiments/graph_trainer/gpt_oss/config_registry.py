@@ -1,0 +1,71 @@
+"""SimpleFSDP GPT-OSS recipes for the Neuron JIT path.
+
+Each derives from a plain Neuron recipe (layout, SDPA sink attention,
+expert-kernel conversion, load-balancing hook), turns on torch.compile on the
+``neuron`` backend over the model, the loss and gradient clipping, converts
+through ``neuron_simple_fsdp`` (jit mode), and then sets the layout and batch,
+as the DeepSeek SimpleFSDP recipes do.
+"""
+
+from collections.abc import Callable
+
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.trainer import Trainer
+
+from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fsdp
+from torchtitan_neuron.models.gpt_oss.config_registry import (
+    gpt_oss_20b_neuron_tp2_fsdp32,
+    gpt_oss_120b_neuron_tp4,
+    gpt_oss_debugmodel_neuron_tp2_fsdp2,
+)
+from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
+
+from . import model_registry
+
+
+def _neuron_simple_fsdp_gpt_oss_config(
+    config_factory: Callable[[], Trainer.Config],
+    *,
+    full_ac: bool = False,
+    tp: int | None = None,
+    global_batch_size: int | None = None,
+) -> NeuronGraphTrainer.Config:
+    base = config_factory()
+    base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
+    base.compile = neuron_compile_config()
+    config = neuron_simple_fsdp(base, model_registry, model_name="simple_fsdp/gpt_oss")
+    if tp is not None:
+        config.parallelism.tensor_parallel_degree = tp
+    if global_batch_size is not None:
+        config.training.global_batch_size = global_batch_size
+    return config
+
+
+def simple_fsdp_gpt_oss_20b() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp2_fsdp32)
+
+
+def simple_fsdp_gpt_oss_20b_fullac() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_20b_neuron_tp2_fsdp32, full_ac=True)
+
+
+def simple_fsdp_gpt_oss_120b_fullac() -> NeuronGraphTrainer.Config:
+    # Planned only (two nodes; docs/gpt_oss.md).
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp4, full_ac=True)
+
+
+def simple_fsdp_gpt_oss_debugmodel() -> NeuronGraphTrainer.Config:
+    # FSDP only: 2 CPU ranks x local batch 2.
+    return _neuron_simple_fsdp_gpt_oss_config(
+        gpt_oss_debugmodel_neuron_tp2_fsdp2, tp=1, global_batch_size=4
+    )
+
+
+def simple_fsdp_gpt_oss_debugmodel_fullac() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_gpt_oss_config(
+        gpt_oss_debugmodel_neuron_tp2_fsdp2, full_ac=True, tp=1, global_batch_size=4
+    )
+
+
+def simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2() -> NeuronGraphTrainer.Config:
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_debugmodel_neuron_tp2_fsdp2)
