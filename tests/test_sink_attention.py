@@ -45,7 +45,7 @@ Proves:
 - ``use_sdpa_sink_model`` keeps every field, refuses a model class of its
   own and a model with two window sizes.
 
-Tier: fast (the TP2 gloo test is e2e).
+Tier: fast, but for the TP2 gloo test (e2e) and the 4-layer once-per-forward count (both slow, in ``make test-slow``).
 Run: PYTHONPATH=. .venv/bin/python -m pytest tests/test_sink_attention.py -q
 """
 
@@ -495,6 +495,7 @@ def _tp2_worker(rank: int, world: int, port: int, results):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_tp2_gloo_matches_unsharded():
     from runlog import free_port
 
@@ -620,6 +621,7 @@ def _large_floats(model, seq, documents):
     return [(op, shape, dtype) for (op, shape), dtype in zip(seen.seen, seen.dtypes)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
 def test_masks_are_built_once_per_forward(quiet_router, documents):
     seq = 1024

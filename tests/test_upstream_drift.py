@@ -60,8 +60,11 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.components.metrics:MetricsProcessor._build_metric_logger": "870781c4ffab68e7",
         "torchtitan.trainer:Trainer.train": "1007394b8f1a6dfb",
     },
-    "cuda-graphs-off": {
+    "cuda-graph-notice": {
+        # Warns off CUDA and returns the step unchanged.
         "torchtitan.distributed.cudagraph:wrap_with_cuda_graph": "b3310729074690a6",
+        # zero_grad(set_to_none=disable_cuda_graphs): why the flag is left alone.
+        "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
     },
     "step-line-suffix": {
         "torchtitan.components.metrics:MetricsProcessor.log": "f903b614bb669ad1",

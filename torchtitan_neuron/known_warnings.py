@@ -8,7 +8,7 @@ a filter never outlives its message). ``install()`` runs once per process
 ``TORCHTITAN_NEURON_SHOW_ALL_WARNINGS=1`` hides nothing.
 
 Warnings this project caused are fixed at their root instead (the OpenMP
-banner, the CUDA-graph notice, complex RoPE); nothing else is hidden.
+banner, complex RoPE); nothing else is hidden.
 """
 
 from __future__ import annotations
@@ -71,6 +71,16 @@ KNOWN = (
           "initial weights come from torchtitan_neuron.init, per parameter",
           ("DTensor random operators may not have complete support on {device_mesh.",
            "DTensor manual_seed() may not have complete support ")),
+    Known("cuda-graph-notice",
+          "CUDA graph capture is only supported on NVIDIA CUDA; using eager execution",
+          "", "torchtitan/distributed/cudagraph.py", ("cpu", "neuron"),
+          "torchtitan's default (training.disable_cuda_graphs=False) asks for CUDA "
+          "graphs; elsewhere it runs eagerly, as these platforms should. Setting "
+          "disable_cuda_graphs instead is not equivalent: it also makes zero_grad "
+          "free the gradients every step (set_to_none) where they are otherwise "
+          "zeroed in place",
+          ("CUDA graph capture is only supported on NVIDIA CUDA; ",
+           "using eager execution.")),
     Known("cuda-home-without-runtime",
           "No CUDA runtime is found, using CUDA_HOME",
           "torch.utils.cpp_extension", "torch/utils/cpp_extension.py", ("cpu",),

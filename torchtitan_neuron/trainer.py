@@ -177,12 +177,8 @@ class _NeuronTrainerMixin:
         self.step_hook = step_hook = step_hook or StepHook()
         if not step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
-        plat = platform.install()
+        platform.install()
         resolve_compile_backend(config.compile)
-        if plat.name != "cuda":
-            # torchtitan captures CUDA graphs by default and, on any other
-            # device, warns and runs eagerly: say so in the config instead.
-            config.training.disable_cuda_graphs = True
         options = config.model
         if options.reset_positions_per_document and platform.current().name == "neuron":
             raise ValueError(

@@ -10,6 +10,7 @@ and torchtitan's text loader replaced by the layout-invariant one
 from collections.abc import Callable
 
 from torchtitan.config import CompileConfig
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.experiments.graph_trainer.configs import (
     GraphTrainerCompileConfig,
     to_graph_trainer_config,
@@ -19,7 +20,7 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
-from torchtitan_neuron.trainer import NeuronGraphTrainer
+from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
 
 
 def neuron_simple_fsdp(
@@ -52,4 +53,28 @@ def neuron_simple_fsdp(
     config = promote(graph_config, NeuronGraphTrainer.Config)
     if options is not None:
         config.model = options
+    return config
+
+
+def simple_fsdp_from_plain(
+    config_factory: Callable[[], Trainer.Config],
+    model_registry: Callable[[str], ModelSpec],
+    *,
+    model_name: str,
+    full_ac: bool = False,
+    training: dict | None = None,
+    parallelism: dict | None = None,
+) -> NeuronGraphTrainer.Config:
+    """A SimpleFSDP recipe derived from a plain Neuron recipe (its layout,
+    expert-kernel conversion and load-balancing hook): selective or full AC,
+    torch.compile on ``neuron`` over the model, the loss and gradient clipping,
+    ``neuron_simple_fsdp``, then the ``training`` and ``parallelism`` fields
+    given. What the DeepSeek and GPT-OSS SimpleFSDP recipes share."""
+    base = config_factory()
+    base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
+    base.compile = neuron_compile_config()
+    config = neuron_simple_fsdp(base, model_registry, model_name=model_name)
+    for section, changes in ((config.training, training), (config.parallelism, parallelism)):
+        for field_name, value in (changes or {}).items():
+            setattr(section, field_name, value)
     return config

@@ -8,15 +8,14 @@ model, the loss and gradient clipping, converts through ``neuron_simple_fsdp``
 
 from collections.abc import Callable
 
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fsdp
+from torchtitan_neuron.experiments.graph_trainer.configs import simple_fsdp_from_plain
 from torchtitan_neuron.models.deepseek_v3.config_registry import (
     deepseek_v3_16b_neuron_tp4_fsdp16,
     deepseek_v3_debugmodel_neuron_tp2_fsdp2,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
+from torchtitan_neuron.trainer import NeuronGraphTrainer
 
 from . import model_registry
 
@@ -28,15 +27,10 @@ def _neuron_simple_fsdp_deepseek_v3_config(
     local_batch_size: int | None = None,
     seq_len: int | None = None,
 ) -> NeuronGraphTrainer.Config:
-    base = config_factory()
-    base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
-    base.compile = neuron_compile_config()
-    config = neuron_simple_fsdp(base, model_registry, model_name="simple_fsdp/deepseek_v3")
-    if local_batch_size is not None:
-        config.training.local_batch_size = local_batch_size
-    if seq_len is not None:
-        config.training.seq_len = seq_len
-    return config
+    sizing = {"local_batch_size": local_batch_size, "seq_len": seq_len}
+    return simple_fsdp_from_plain(
+        config_factory, model_registry, model_name="simple_fsdp/deepseek_v3",
+        full_ac=full_ac, training={k: v for k, v in sizing.items() if v is not None})
 
 
 def simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16() -> NeuronGraphTrainer.Config:

@@ -9,16 +9,15 @@ as the DeepSeek SimpleFSDP recipes do.
 
 from collections.abc import Callable
 
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fsdp
+from torchtitan_neuron.experiments.graph_trainer.configs import simple_fsdp_from_plain
 from torchtitan_neuron.models.gpt_oss.config_registry import (
     gpt_oss_20b_neuron_tp2_fsdp32,
     gpt_oss_120b_neuron_tp4,
     gpt_oss_debugmodel_neuron_tp2_fsdp2,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
+from torchtitan_neuron.trainer import NeuronGraphTrainer
 
 from . import model_registry
 
@@ -30,15 +29,10 @@ def _neuron_simple_fsdp_gpt_oss_config(
     tp: int | None = None,
     global_batch_size: int | None = None,
 ) -> NeuronGraphTrainer.Config:
-    base = config_factory()
-    base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
-    base.compile = neuron_compile_config()
-    config = neuron_simple_fsdp(base, model_registry, model_name="simple_fsdp/gpt_oss")
-    if tp is not None:
-        config.parallelism.tensor_parallel_degree = tp
-    if global_batch_size is not None:
-        config.training.global_batch_size = global_batch_size
-    return config
+    return simple_fsdp_from_plain(
+        config_factory, model_registry, model_name="simple_fsdp/gpt_oss", full_ac=full_ac,
+        training={} if global_batch_size is None else {"global_batch_size": global_batch_size},
+        parallelism={} if tp is None else {"tensor_parallel_degree": tp})
 
 
 def simple_fsdp_gpt_oss_20b() -> NeuronGraphTrainer.Config:
