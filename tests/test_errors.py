@@ -156,6 +156,18 @@ GPT_OSS = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
                                         "--training.disable_cuda_graphs"), 6,
      "--parallelism.expert_parallel_degree 3 does not divide GPT-OSS's 8 experts; "
      "use 1, 2, 4 or 8."),
+    # TP2 on 6 ranks leaves 3 FSDP ranks for the 8 experts SimpleFSDP shards.
+    ("simple_fsdp_gpt_oss_debugmodel", ("--parallelism.tensor_parallel_degree", "2",
+                                        "--training.global_batch_size", "6"), 6,
+     "SimpleFSDP cannot shard GPT-OSS's 8 experts over 3 FSDP ranks (world size / "
+     "--parallelism.tensor_parallel_degree 2): under tensor parallelism FSDP splits "
+     "the experts themselves, so its degree must divide 8. Choose "
+     "--parallelism.tensor_parallel_degree and a world size whose quotient is "
+     "1, 2, 4 or 8, or split the experts with --parallelism.expert_parallel_degree."),
+    # 120B's 128 experts over TP8 x FSDP24 (192 ranks, 3 nodes).
+    ("simple_fsdp_gpt_oss_120b_fullac", ("--parallelism.tensor_parallel_degree", "8",
+                                         "--training.global_batch_size", "24"), 192,
+     "SimpleFSDP cannot shard GPT-OSS's 128 experts over 24 FSDP ranks"),
 ])
 def test_gpt_oss_layout_the_model_cannot_take_is_refused(recipe, overrides, ngpu, expected):
     """Degrees torchtitan's ParallelDims accepts but GPT-OSS's heads or
@@ -164,7 +176,18 @@ def test_gpt_oss_layout_the_model_cannot_take_is_refused(recipe, overrides, ngpu
 
     config = ConfigManager().parse_args(["--module", GPT_OSS, "--config", recipe, *overrides])
     ParallelDims.from_config(config.parallelism, ngpu)  # upstream lets it through
-    assert _message(preflight.check_layout, config, ngpu) == expected
+    msg = _message(preflight.check_layout, config, ngpu)
+    assert msg == expected or (expected.endswith("ranks") and msg.startswith(expected)), msg
+
+
+def test_plain_fsdp_shards_gpt_oss_experts_unevenly():
+    """The experts rule is SimpleFSDP's: FSDP2 pads uneven shards."""
+    config = ConfigManager().parse_args(
+        ["--module", "torchtitan_neuron.models.gpt_oss",
+         "--config", "gpt_oss_debugmodel_neuron_tp2_fsdp2",
+         "--parallelism.data_parallel_shard_degree", "-1",
+         "--training.global_batch_size", "6"])
+    assert preflight.check_layout(config, 6)["dp_shard"] == 3
 
 
 def test_gpt_oss_layouts_that_fit_the_model_pass():

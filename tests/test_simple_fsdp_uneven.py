@@ -9,6 +9,8 @@ gather alone would re-wrap the uneven FSDP shards of 2 and 1 rows as if
 every rank held the larger one); the gradient is the sum over the two FSDP
 ranks of the same TP rank, as FSDP's reduce-scatter would give. This is the
 case of GPT-OSS-120B's 64 attention sinks at TP4 x FSDP32 (docs/gpt_oss.md).
+Over ``REPLICATE_LIMIT`` elements the same module is refused with a message
+naming it, its TP-local shape and the FSDP degrees that would divide it.
 
 Tier: e2e (4 processes, 26-35 s on the 2-core machine).
 Run: .venv/bin/python -m pytest tests/test_simple_fsdp_uneven.py -q
@@ -58,6 +60,17 @@ def _worker(rank: int, world: int, port: int, results):
         model.sinks = nn.Parameter(distribute_tensor(model.sinks.data, tp_mesh, [Shard(0)]))
         training = SimpleNamespace(mixed_precision_param="float32",
                                    mixed_precision_reduce="float32")
+        # Over the replication limit, the same module is refused by name.
+        from torchtitan_neuron.experiments.graph_trainer import parallelize as par
+
+        limit, par.REPLICATE_LIMIT = par.REPLICATE_LIMIT, 2
+        try:
+            replicate_unevenly_sharded(model, parallel_dims=dims, training=training)
+            refusal = None
+        except ValueError as exc:
+            refusal = str(exc)
+        finally:
+            par.REPLICATE_LIMIT = limit
         kept = replicate_unevenly_sharded(model, parallel_dims=dims, training=training)
         model = apply_simple_fsdp(model, parallel_dims=dims, training=training)
         tp_rank = tp_mesh.get_local_rank()
@@ -67,7 +80,7 @@ def _worker(rank: int, world: int, port: int, results):
         sinks = model.sinks  # the SimpleFSDP property: the compute tensor
         (sinks * (fsdp_rank + 1)).sum().backward()
         results[rank] = dict(
-            kept=kept, tp_rank=tp_rank,
+            refusal=refusal, kept=kept, tp_rank=tp_rank,
             stored=[str(p) for p in stored.placements],
             child=[str(p) for p in child.placements],
             child_local_rows=child.to_local().shape[0],
@@ -87,6 +100,12 @@ def test_uneven_tp_parameter_is_replicated_over_fsdp_and_reads_its_tp_rows():
     assert len(results) == world
     half = ROWS // 2
     for r in results.values():
+        assert r["refusal"] == (
+            "SimpleFSDP cannot shard sinks (TP-local shape (3,)) over 2 FSDP ranks: "
+            "2 does not divide its 3 rows, and at 3 elements per TP rank it is too "
+            "large to keep replicated. Choose an FSDP degree (world size / "
+            "--parallelism.tensor_parallel_degree) that divides 3, e.g. 3, or split "
+            "it with --parallelism.expert_parallel_degree.")
         assert r["kept"] == ["sinks"]
         # Replicated over FSDP, still sharded over TP; the child sharded.
         assert r["stored"] == ["R", "S(0)"]

@@ -4,7 +4,9 @@
 have passed torchtitan's own ``ParallelDims``. TP splits every layer's query
 and KV heads, expert parallelism splits the experts; a degree that does not
 divide them fails inside every rank (a shape error while sharding, or a
-hang), so it is refused here with the degrees that would work.
+hang), so it is refused here with the degrees that would work. SimpleFSDP
+under TP also splits the experts over the FSDP ranks, whose degree must
+then divide them.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def _refusal(flag: str, degree: int, count: int, model: str, what: str) -> str:
     )
 
 
-def model_layout_refusal(config, tp: int, ep: int) -> str | None:
-    """The first degree the model cannot take, as a message, or None."""
+def model_layout_refusal(config, tp: int, ep: int, fsdp: int = 1) -> str | None:
+    """The first degree the model cannot take, as a message, or None.
+    ``fsdp`` is the data-parallel shard degree."""
     spec = config.model_spec
     model = family_name(spec)
     # KV heads first: they are the fewer, so their divisors are the answer.
@@ -66,4 +69,19 @@ def model_layout_refusal(config, tp: int, ep: int) -> str | None:
     for count in sorted(_counts(spec.model, "experts")):
         if count % ep:
             return _refusal(EP_FLAG, ep, count, model, "experts")
+    # SimpleFSDP shards a TP parameter's TP-local dim 0 over the FSDP ranks;
+    # under TP without EP that is the experts' count, which the FSDP degree
+    # must divide (a 1 MiB module may be replicated instead, experts may not:
+    # parallelize.replicate_unevenly_sharded).
+    if spec.name.startswith("simple_fsdp/") and tp > 1 and ep == 1 and fsdp > 1:
+        for count in sorted(_counts(spec.model, "experts")):
+            if count % fsdp:
+                return (
+                    f"SimpleFSDP cannot shard {model}'s {count} experts over "
+                    f"{fsdp} FSDP ranks (world size / {TP_FLAG} {tp}): under "
+                    f"tensor parallelism FSDP splits the experts themselves, "
+                    f"so its degree must divide {count}. Choose {TP_FLAG} and "
+                    f"a world size whose quotient is {_divisors(count)}, or "
+                    f"split the experts with {EP_FLAG}."
+                )
     return None

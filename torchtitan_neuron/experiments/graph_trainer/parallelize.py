@@ -75,6 +75,32 @@ def parallelize_simple_fsdp(
     )
 
 
+# The most elements per TP rank a module's own parameters may hold and still
+# be kept replicated over FSDP: a replica costs its fp32 parameter, gradient
+# and two Adam moments on every FSDP rank (16 bytes an element), so this is
+# 1 MiB a module. GPT-OSS's sinks are 64 values a layer; its experts, the
+# next module with a TP-local dim 0 FSDP may not divide, are hundreds of
+# millions.
+REPLICATE_LIMIT = 65536
+
+
+def uneven_refusal(name: str, param, degree: int) -> str:
+    """The message for a parameter too large to replicate: it names the
+    parameter, its TP-local dim 0 and the FSDP degrees that divide it."""
+    rows = param.to_local().shape[0] if param.to_local().ndim else 1
+    fits = [d for d in range(2, rows + 1) if rows % d == 0]
+    return (
+        f"SimpleFSDP cannot shard {name} (TP-local shape "
+        f"{tuple(param.to_local().shape)}) over {degree} FSDP ranks: {degree} "
+        f"does not divide its {rows} rows, and at "
+        f"{param.to_local().numel():,} elements per TP rank it is too large to "
+        f"keep replicated. Choose an FSDP degree (world size / "
+        f"--parallelism.tensor_parallel_degree) that divides {rows}"
+        + (f", e.g. {', '.join(map(str, fits[-4:]))}" if fits else "")
+        + ", or split it with --parallelism.expert_parallel_degree."
+    )
+
+
 # One subclass per module class whose parameters stay replicated over FSDP;
 # see replicate_unevenly_sharded.
 _REPLICATED_CLASSES: dict[type, type] = {}
@@ -120,6 +146,13 @@ def replicate_unevenly_sharded(model: nn.Module, *, parallel_dims, training) -> 
     owns itself is replicated; for GPT-OSS that is the attention's ``sinks``
     alone (64 values a layer).
 
+    Only small modules are replicated: one whose own parameters hold more
+    than ``REPLICATE_LIMIT`` elements per TP rank raises ``ValueError``
+    (``uneven_refusal``) instead, since a replica of it would cost its full
+    optimizer state on every FSDP rank. ``model_layout_refusal`` refuses
+    the case users meet (experts under TP with an FSDP degree that does not
+    divide their number) before any rank starts.
+
     Only with FSDP alone on its mesh (no HSDP): upstream's replicate mode
     takes a 1-D mesh. Expert modules wrapped by upstream on the EP mesh are
     left to it.
@@ -155,6 +188,10 @@ def replicate_unevenly_sharded(model: nn.Module, *, parallel_dims, training) -> 
         ]
         if not uneven:
             continue
+        local = sum(p.to_local().numel() for p in own.values() if p is not None)
+        if local > REPLICATE_LIMIT:
+            raise ValueError(uneven_refusal(f"{name}.{uneven[0]}" if name else uneven[0],
+                                            own[uneven[0]], degree))
         # The body of upstream's data_parallel loop for one module, mode
         # "replicate", without the recursion.
         for p_name, p in own.items():
