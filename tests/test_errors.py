@@ -160,10 +160,20 @@ GPT_OSS = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
     ("simple_fsdp_gpt_oss_debugmodel", ("--parallelism.tensor_parallel_degree", "2",
                                         "--training.global_batch_size", "6"), 6,
      "SimpleFSDP cannot shard GPT-OSS's 8 experts over 3 FSDP ranks (world size / "
-     "--parallelism.tensor_parallel_degree 2): under tensor parallelism FSDP splits "
-     "the experts themselves, so its degree must divide 8. Choose "
-     "--parallelism.tensor_parallel_degree and a world size whose quotient is "
-     "1, 2, 4 or 8, or split the experts with --parallelism.expert_parallel_degree."),
+     "--parallelism.tensor_parallel_degree 2): it shards each TP rank's part again "
+     "over the FSDP ranks, so their number must divide 8. Choose a layout whose FSDP "
+     "degree is 1 or 2, or split the experts with --parallelism.expert_parallel_degree."),
+    # 120B at 256 ranks, TP8 x FSDP32: the vocabulary, 2^7 x 1571, allows no
+    # TP x FSDP over 128.
+    ("simple_fsdp_gpt_oss_120b_fullac", ("--parallelism.tensor_parallel_degree", "8",
+                                         "--training.global_batch_size", "32"), 256,
+     "SimpleFSDP cannot shard GPT-OSS's embedding and output (25136 vocabulary rows "
+     "per TP rank: 201088 / --parallelism.tensor_parallel_degree 8) over 32 FSDP "
+     "ranks (world size / --parallelism.tensor_parallel_degree 8): it shards each TP "
+     "rank's part again over the FSDP ranks, so their number must divide 25136. "
+     "Choose a layout whose FSDP degree is 2, 4, 8 or 16, or "
+     "--parallelism.tensor_parallel_degree 1 (FSDP alone shards any size), or "
+     "--parallelism.data_parallel_replicate_degree for the ranks beyond it."),
     # 120B's 128 experts over TP8 x FSDP24 (192 ranks, 3 nodes).
     ("simple_fsdp_gpt_oss_120b_fullac", ("--parallelism.tensor_parallel_degree", "8",
                                          "--training.global_batch_size", "24"), 192,

@@ -69,19 +69,39 @@ def model_layout_refusal(config, tp: int, ep: int, fsdp: int = 1) -> str | None:
     for count in sorted(_counts(spec.model, "experts")):
         if count % ep:
             return _refusal(EP_FLAG, ep, count, model, "experts")
-    # SimpleFSDP shards a TP parameter's TP-local dim 0 over the FSDP ranks;
-    # under TP without EP that is the experts' count, which the FSDP degree
-    # must divide (a 1 MiB module may be replicated instead, experts may not:
-    # parallelize.replicate_unevenly_sharded).
-    if spec.name.startswith("simple_fsdp/") and tp > 1 and ep == 1 and fsdp > 1:
-        for count in sorted(_counts(spec.model, "experts")):
+    # SimpleFSDP shards a TP parameter's TP-local dim 0 over the FSDP ranks,
+    # whose degree must divide it (a 1 MiB module may be replicated instead,
+    # these may not: parallelize.replicate_unevenly_sharded). Under TP that
+    # is the embedding's and output's vocabulary rows per TP rank, and without
+    # EP the experts' count.
+    if spec.name.startswith("simple_fsdp/") and tp > 1 and fsdp > 1:
+        rows = []
+        if ep == 1:
+            rows += [(count, f"{count} experts", f", or split the experts with {EP_FLAG}")
+                     for count in sorted(_counts(spec.model, "experts"))]
+        vocab = getattr(spec.model, "vocab_size", 0)
+        if isinstance(vocab, int) and vocab > 0 and vocab % tp == 0:
+            rows.append((vocab // tp,
+                         f"embedding and output ({vocab // tp} vocabulary rows per TP "
+                         f"rank: {vocab} / {TP_FLAG} {tp})",
+                         f", or {TP_FLAG} 1 (FSDP alone shards any size), or "
+                         "--parallelism.data_parallel_replicate_degree for the ranks "
+                         "beyond it"))
+        for count, what, other in rows:
             if count % fsdp:
                 return (
-                    f"SimpleFSDP cannot shard {model}'s {count} experts over "
-                    f"{fsdp} FSDP ranks (world size / {TP_FLAG} {tp}): under "
-                    f"tensor parallelism FSDP splits the experts themselves, "
-                    f"so its degree must divide {count}. Choose {TP_FLAG} and "
-                    f"a world size whose quotient is {_divisors(count)}, or "
-                    f"split the experts with {EP_FLAG}."
+                    f"SimpleFSDP cannot shard {model}'s {what} over {fsdp} FSDP "
+                    f"ranks (world size / {TP_FLAG} {tp}): it shards each TP "
+                    f"rank's part again over the FSDP ranks, so their number must "
+                    f"divide {count}. Choose a layout whose FSDP degree is "
+                    f"{_divisors_up_to(count, fsdp)}{other}."
                 )
     return None
+
+
+def _divisors_up_to(n: int, near: int) -> str:
+    """The divisors of ``n`` closest below ``near`` (at most four), as '2, 4,
+    8 or 16'."""
+    found = [d for d in range(1, min(n, near) + 1) if n % d == 0][-4:]
+    words = [str(d) for d in found]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]

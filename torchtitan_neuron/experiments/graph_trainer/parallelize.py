@@ -88,7 +88,7 @@ def uneven_refusal(name: str, param, degree: int) -> str:
     """The message for a parameter too large to replicate: it names the
     parameter, its TP-local dim 0 and the FSDP degrees that divide it."""
     rows = param.to_local().shape[0] if param.to_local().ndim else 1
-    fits = [d for d in range(2, rows + 1) if rows % d == 0]
+    fits = [d for d in range(2, min(rows, degree) + 1) if rows % d == 0][-4:]
     return (
         f"SimpleFSDP cannot shard {name} (TP-local shape "
         f"{tuple(param.to_local().shape)}) over {degree} FSDP ranks: {degree} "
@@ -96,7 +96,7 @@ def uneven_refusal(name: str, param, degree: int) -> str:
         f"{param.to_local().numel():,} elements per TP rank it is too large to "
         f"keep replicated. Choose an FSDP degree (world size / "
         f"--parallelism.tensor_parallel_degree) that divides {rows}"
-        + (f", e.g. {', '.join(map(str, fits[-4:]))}" if fits else "")
+        + (f", e.g. {', '.join(map(str, fits))}" if fits else "")
         + ", or split it with --parallelism.expert_parallel_degree."
     )
 
