@@ -162,6 +162,14 @@ def case_gpt_oss_ep_vs_experts(tmp):
                            module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
 
 
+def case_gpt_oss_fsdp_vs_experts(tmp):
+    # TP2 on 6 ranks: SimpleFSDP would split the 8 experts over 3 FSDP ranks.
+    return _preflight_case([*FAST, "--parallelism.tensor_parallel_degree", "2",
+                            "--training.global_batch_size", "6"],
+                           "cannot shard GPT-OSS's 8 experts over 3 FSDP ranks", ngpu=6,
+                           module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
+
+
 def case_cpu_oversubscribed(tmp):
     ngpu = (os.cpu_count() or 1) + 1
     out = _train([*FAST, "--training.steps", "1", f"--dump_folder={tmp}"], ngpu=ngpu)
@@ -242,6 +250,7 @@ CASES = {
     "tp-vs-ngpu": case_tp_ngpu,
     "gpt-oss-tp-vs-kv-heads": case_gpt_oss_tp_vs_kv_heads,
     "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
+    "gpt-oss-fsdp-vs-experts": case_gpt_oss_fsdp_vs_experts,
     "cpu-oversubscribed": case_cpu_oversubscribed,
     "trn2-on-cpu": case_trn2_on_cpu,
     "ctrl-c": case_ctrl_c,

@@ -156,6 +156,28 @@ GPT_OSS = "torchtitan_neuron.experiments.graph_trainer.gpt_oss"
                                         "--training.disable_cuda_graphs"), 6,
      "--parallelism.expert_parallel_degree 3 does not divide GPT-OSS's 8 experts; "
      "use 1, 2, 4 or 8."),
+    # TP2 on 6 ranks leaves 3 FSDP ranks for the 8 experts SimpleFSDP shards.
+    ("simple_fsdp_gpt_oss_debugmodel", ("--parallelism.tensor_parallel_degree", "2",
+                                        "--training.global_batch_size", "6"), 6,
+     "SimpleFSDP cannot shard GPT-OSS's 8 experts over 3 FSDP ranks (world size / "
+     "--parallelism.tensor_parallel_degree 2): it shards each TP rank's part again "
+     "over the FSDP ranks, so their number must divide 8. Choose a layout whose FSDP "
+     "degree is 1 or 2, or split the experts with --parallelism.expert_parallel_degree."),
+    # 120B at 256 ranks, TP8 x FSDP32: the vocabulary, 2^7 x 1571, allows no
+    # TP x FSDP over 128.
+    ("simple_fsdp_gpt_oss_120b_fullac", ("--parallelism.tensor_parallel_degree", "8",
+                                         "--training.global_batch_size", "32"), 256,
+     "SimpleFSDP cannot shard GPT-OSS's embedding and output (25136 vocabulary rows "
+     "per TP rank: 201088 / --parallelism.tensor_parallel_degree 8) over 32 FSDP "
+     "ranks (world size / --parallelism.tensor_parallel_degree 8): it shards each TP "
+     "rank's part again over the FSDP ranks, so their number must divide 25136. "
+     "Choose a layout whose FSDP degree is 2, 4, 8 or 16, or "
+     "--parallelism.tensor_parallel_degree 1 (FSDP alone shards any size), or "
+     "--parallelism.data_parallel_replicate_degree for the ranks beyond it."),
+    # 120B's 128 experts over TP8 x FSDP24 (192 ranks, 3 nodes).
+    ("simple_fsdp_gpt_oss_120b_fullac", ("--parallelism.tensor_parallel_degree", "8",
+                                         "--training.global_batch_size", "24"), 192,
+     "SimpleFSDP cannot shard GPT-OSS's 128 experts over 24 FSDP ranks"),
 ])
 def test_gpt_oss_layout_the_model_cannot_take_is_refused(recipe, overrides, ngpu, expected):
     """Degrees torchtitan's ParallelDims accepts but GPT-OSS's heads or
@@ -164,7 +186,18 @@ def test_gpt_oss_layout_the_model_cannot_take_is_refused(recipe, overrides, ngpu
 
     config = ConfigManager().parse_args(["--module", GPT_OSS, "--config", recipe, *overrides])
     ParallelDims.from_config(config.parallelism, ngpu)  # upstream lets it through
-    assert _message(preflight.check_layout, config, ngpu) == expected
+    msg = _message(preflight.check_layout, config, ngpu)
+    assert msg == expected or (expected.endswith("ranks") and msg.startswith(expected)), msg
+
+
+def test_plain_fsdp_shards_gpt_oss_experts_unevenly():
+    """The experts rule is SimpleFSDP's: FSDP2 pads uneven shards."""
+    config = ConfigManager().parse_args(
+        ["--module", "torchtitan_neuron.models.gpt_oss",
+         "--config", "gpt_oss_debugmodel_neuron_tp2_fsdp2",
+         "--parallelism.data_parallel_shard_degree", "-1",
+         "--training.global_batch_size", "6"])
+    assert preflight.check_layout(config, 6)["dp_shard"] == 3
 
 
 def test_gpt_oss_layouts_that_fit_the_model_pass():

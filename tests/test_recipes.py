@@ -60,8 +60,8 @@ TP_RECIPES = [
     (GO_PLAIN, "gpt_oss_20b_neuron_tp2_fsdp32", 64, (2, 32), None),
     (GO_GRAPH, "simple_fsdp_gpt_oss_20b", 64, (2, 32), SelectiveAC.Config),
     (GO_GRAPH, "simple_fsdp_gpt_oss_20b_fullac", 64, (2, 32), FullAC.Config),
-    (GO_PLAIN, "gpt_oss_120b_neuron_tp4", 128, (4, 32), None),
-    (GO_GRAPH, "simple_fsdp_gpt_oss_120b_fullac", 128, (4, 32), FullAC.Config),
+    (GO_PLAIN, "gpt_oss_120b_neuron_tp8", 128, (8, 16), None),
+    (GO_GRAPH, "simple_fsdp_gpt_oss_120b_fullac", 128, (8, 16), FullAC.Config),
     (GO_PLAIN, "gpt_oss_debugmodel_neuron_tp2_fsdp2", 4, (2, 2), None),
     (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel", 2, (1, 2), SelectiveAC.Config),
     (GO_GRAPH, "simple_fsdp_gpt_oss_debugmodel_fullac", 2, (1, 2), FullAC.Config),
@@ -163,10 +163,12 @@ def test_tp_recipes(module, name, world, layout, ac_type):
     if "gpt_oss" in name:
         _assert_gpt_oss_shaping(config, name)
     if "16b" in name or "20b" in name or "120b" in name:
-        # TP4 x FSDP16 reaches the recipe's own global batch of 64 sequences.
+        # The layout reaches the recipe's own global batch: 64 sequences on
+        # one node, 128 on the 120B's two.
         local = config.training.local_batch_size
-        assert config.training.global_batch_size == 64
-        assert 64 % (local * dims.dp_shard) == 0
+        target = 128 if "120b" in name else 64
+        assert config.training.global_batch_size == target
+        assert target % (local * dims.dp_shard) == 0
 
 
 def _assert_gpt_oss_shaping(config, name):

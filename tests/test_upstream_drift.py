@@ -138,6 +138,20 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize:annotate_deepseekv3":
             "5e4ca6f500e4c3bf",
     },
+    "simple-fsdp-uneven-tp": {
+        # The gather that re-wraps the FSDP shard with from_local (the wrong
+        # size when uneven), the loop body copied for one module, the private
+        # pieces called, and the wrapper that skips modules wrapped first.
+        "torchtitan.experiments.graph_trainer.simple_fsdp:ReplicateComputation.replicate_compute":
+            "c0071e5062e70acb",
+        "torchtitan.experiments.graph_trainer.simple_fsdp:data_parallel": "d656ea9b077c34c0",
+        "torchtitan.experiments.graph_trainer.simple_fsdp:_distribute_dtensor":
+            "6653a6729b8614ea",
+        "torchtitan.experiments.graph_trainer.simple_fsdp:_register_parametrization":
+            "b2aa13e02ff73300",
+        "torchtitan.experiments.graph_trainer.common_utils:apply_simple_fsdp":
+            "ac3da2d32b8ace0a",
+    },
     "prefix-cache-rope": {"torchtitan.models.common.rope:RoPE.forward": "9856f0d4c06a2b78"},
     "real-rope": {
         # The cache and the rotation it replaces, and upstream's code it still runs.

@@ -4,7 +4,9 @@
 have passed torchtitan's own ``ParallelDims``. TP splits every layer's query
 and KV heads, expert parallelism splits the experts; a degree that does not
 divide them fails inside every rank (a shape error while sharding, or a
-hang), so it is refused here with the degrees that would work.
+hang), so it is refused here with the degrees that would work. SimpleFSDP
+under TP also splits the experts over the FSDP ranks, whose degree must
+then divide them.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def _refusal(flag: str, degree: int, count: int, model: str, what: str) -> str:
     )
 
 
-def model_layout_refusal(config, tp: int, ep: int) -> str | None:
-    """The first degree the model cannot take, as a message, or None."""
+def model_layout_refusal(config, tp: int, ep: int, fsdp: int = 1) -> str | None:
+    """The first degree the model cannot take, as a message, or None.
+    ``fsdp`` is the data-parallel shard degree."""
     spec = config.model_spec
     model = family_name(spec)
     # KV heads first: they are the fewer, so their divisors are the answer.
@@ -66,4 +69,39 @@ def model_layout_refusal(config, tp: int, ep: int) -> str | None:
     for count in sorted(_counts(spec.model, "experts")):
         if count % ep:
             return _refusal(EP_FLAG, ep, count, model, "experts")
+    # SimpleFSDP shards a TP parameter's TP-local dim 0 over the FSDP ranks,
+    # whose degree must divide it (a 1 MiB module may be replicated instead,
+    # these may not: parallelize.replicate_unevenly_sharded). Under TP that
+    # is the embedding's and output's vocabulary rows per TP rank, and without
+    # EP the experts' count.
+    if spec.name.startswith("simple_fsdp/") and tp > 1 and fsdp > 1:
+        rows = []
+        if ep == 1:
+            rows += [(count, f"{count} experts", f", or split the experts with {EP_FLAG}")
+                     for count in sorted(_counts(spec.model, "experts"))]
+        vocab = getattr(spec.model, "vocab_size", 0)
+        if isinstance(vocab, int) and vocab > 0 and vocab % tp == 0:
+            rows.append((vocab // tp,
+                         f"embedding and output ({vocab // tp} vocabulary rows per TP "
+                         f"rank: {vocab} / {TP_FLAG} {tp})",
+                         f", or {TP_FLAG} 1 (FSDP alone shards any size), or "
+                         "--parallelism.data_parallel_replicate_degree for the ranks "
+                         "beyond it"))
+        for count, what, other in rows:
+            if count % fsdp:
+                return (
+                    f"SimpleFSDP cannot shard {model}'s {what} over {fsdp} FSDP "
+                    f"ranks (world size / {TP_FLAG} {tp}): it shards each TP "
+                    f"rank's part again over the FSDP ranks, so their number must "
+                    f"divide {count}. Choose a layout whose FSDP degree is "
+                    f"{_divisors_up_to(count, fsdp)}{other}."
+                )
     return None
+
+
+def _divisors_up_to(n: int, near: int) -> str:
+    """The divisors of ``n`` closest below ``near`` (at most four), as '2, 4,
+    8 or 16'."""
+    found = [d for d in range(1, min(n, near) + 1) if n % d == 0][-4:]
+    words = [str(d) for d in found]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]

@@ -248,7 +248,7 @@ def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
         raise _translate_parallel_dims(p, world, who, exc) from None
     from torchtitan_neuron.model_layout import model_layout_refusal
 
-    refusal = model_layout_refusal(config, dims.tp, dims.ep)
+    refusal = model_layout_refusal(config, dims.tp, dims.ep, dims.dp_shard)
     if refusal:
         raise PreflightError(refusal)
     divisor = dims.seq_len_divisor

@@ -33,7 +33,7 @@ TWINS: dict[tuple[str, str], tuple[str, int]] = {
     (GPT_OSS, "simple_fsdp_gpt_oss_20b_fullac"): ("simple_fsdp_gpt_oss_debugmodel_fullac", 2),
     (GPT_OSS, "simple_fsdp_gpt_oss_120b_fullac"): ("simple_fsdp_gpt_oss_debugmodel_fullac", 2),
     (PLAIN_GPT_OSS, "gpt_oss_20b_neuron_tp2_fsdp32"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
-    (PLAIN_GPT_OSS, "gpt_oss_120b_neuron_tp4"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
+    (PLAIN_GPT_OSS, "gpt_oss_120b_neuron_tp8"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
 }
 TRAINIUM_RANKS = 64  # a trn2.48xlarge's NeuronCores at LNC=2
 

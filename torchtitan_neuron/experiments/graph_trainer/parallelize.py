@@ -6,8 +6,12 @@ is the same sequence, built from upstream's pieces, with activation
 checkpointing and reshard-after-forward applied between TP and SimpleFSDP.
 """
 
+import sys
 from collections.abc import Callable
 
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.experiments.graph_trainer.common_utils import (
     annotate_module_fqns,
     annotate_moe_ep_regions,
@@ -19,6 +23,13 @@ from torchtitan.experiments.graph_trainer.deepseek_v3.parallelize import (
     annotate_deepseekv3,
 )
 from torchtitan.experiments.graph_trainer.llama3.parallelize import annotate_llama
+from torchtitan.experiments.graph_trainer.simple_fsdp import (
+    MixedPrecisionPolicy,
+    ReplicateComputation,
+    _distribute_dtensor,
+    _register_parametrization,
+)
+from torchtitan.tools.logging import logger
 
 from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
@@ -52,6 +63,7 @@ def parallelize_simple_fsdp(
     if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
         model.parallelize(parallel_dims)
     apply_activation_checkpointing(model, ac_config, dump_folder)
+    replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     reshard_after_forward(model)
     return apply_compile(
@@ -61,6 +73,147 @@ def parallelize_simple_fsdp(
         parallel_dims=parallel_dims,
         dump_folder=dump_folder,
     )
+
+
+# The most elements per TP rank a module's own parameters may hold and still
+# be kept replicated over FSDP: a replica costs its fp32 parameter, gradient
+# and two Adam moments on every FSDP rank (16 bytes an element), so this is
+# 1 MiB a module. GPT-OSS's sinks are 64 values a layer; its experts, the
+# next module with a TP-local dim 0 FSDP may not divide, are hundreds of
+# millions.
+REPLICATE_LIMIT = 65536
+
+
+def uneven_refusal(name: str, param, degree: int) -> str:
+    """The message for a parameter too large to replicate: it names the
+    parameter, its TP-local dim 0 and the FSDP degrees that divide it."""
+    rows = param.to_local().shape[0] if param.to_local().ndim else 1
+    fits = [d for d in range(2, min(rows, degree) + 1) if rows % d == 0][-4:]
+    return (
+        f"SimpleFSDP cannot shard {name} (TP-local shape "
+        f"{tuple(param.to_local().shape)}) over {degree} FSDP ranks: {degree} "
+        f"does not divide its {rows} rows, and at "
+        f"{param.to_local().numel():,} elements per TP rank it is too large to "
+        f"keep replicated. Choose an FSDP degree (world size / "
+        f"--parallelism.tensor_parallel_degree) that divides {rows}"
+        + (f", e.g. {', '.join(map(str, fits))}" if fits else "")
+        + ", or split it with --parallelism.expert_parallel_degree."
+    )
+
+
+# One subclass per module class whose parameters stay replicated over FSDP;
+# see replicate_unevenly_sharded.
+_REPLICATED_CLASSES: dict[type, type] = {}
+
+
+def _replicated_class(cls: type) -> type:
+    """A subclass of ``cls`` of its own, so SimpleFSDP's wrapper-class cache
+    (keyed by class and parameter names, holding the first instance's
+    parametrization) gives the replicated modules a ``SimpleFSDP`` class
+    apart from the sharded modules of the same class in other models."""
+    if cls not in _REPLICATED_CLASSES:
+        sub = type(f"FsdpReplicated{cls.__name__}", (cls,), {"__module__": __name__})
+        # Importable, as upstream does for its wrapper classes, so that
+        # pickle/GraphPickler can resolve it.
+        setattr(sys.modules[__name__], sub.__name__, sub)
+        _REPLICATED_CLASSES[cls] = sub
+    return _REPLICATED_CLASSES[cls]
+
+
+def replicate_unevenly_sharded(model: nn.Module, *, parallel_dims, training) -> list[str]:
+    """Keep TP DTensor parameters that FSDP cannot shard evenly replicated
+    over the FSDP ranks instead. Returns the names of the parameters kept so.
+
+    Why: for a parameter already a DTensor (TP), SimpleFSDP 0.3.0 shards the
+    TP-local tensor over FSDP (``_StridedShard``), and its gather re-wraps
+    each rank's FSDP shard with ``DTensor.from_local(shard, fsdp_mesh,
+    (Shard(0),))``, which takes the global size to be the local shard's
+    times the FSDP degree. When the TP-local dim 0 is not a multiple of the
+    FSDP degree the shards are uneven (some ranks hold one row, some none)
+    and the gathered tensor has the wrong size: GPT-OSS-120B's 64 attention
+    sinks at TP4 x FSDP32 are 16 per TP rank, one row on 16 FSDP ranks and
+    none on the other 16, and the gather returns 32. Plain (non-TP)
+    parameters are unaffected: their gather keeps the true global shape.
+
+    Replicating them is what upstream's ``data_parallel(mode="replicate")``
+    does to a module's own parameters, on the FSDP mesh, done here to the
+    modules that own such parameters before ``apply_simple_fsdp`` (which
+    skips modules already wrapped, as it does for expert modules wrapped on
+    their own mesh): no gather in the forward, an all-reduce of the gradient
+    in the backward. ``data_parallel`` itself is not called on them: it
+    would recurse into the children (GPT-OSS attention's wq/wk/wv/wo), which
+    must stay sharded. A module is wrapped as a whole, so every parameter it
+    owns itself is replicated; for GPT-OSS that is the attention's ``sinks``
+    alone (64 values a layer).
+
+    Only small modules are replicated: one whose own parameters hold more
+    than ``REPLICATE_LIMIT`` elements per TP rank raises ``ValueError``
+    (``uneven_refusal``) instead, since a replica of it would cost its full
+    optimizer state on every FSDP rank. ``model_layout_refusal`` refuses
+    the case users meet (experts under TP with an FSDP degree that does not
+    divide their number) before any rank starts.
+
+    Only with FSDP alone on its mesh (no HSDP): upstream's replicate mode
+    takes a 1-D mesh. Expert modules wrapped by upstream on the EP mesh are
+    left to it.
+    """
+    if not (parallel_dims.tp_enabled or parallel_dims.ep_enabled):
+        return []
+    if parallel_dims.dp_replicate_enabled:
+        return []
+    fsdp_mesh = parallel_dims.get_mesh(["fsdp"])
+    degree = fsdp_mesh.size()
+    if degree == 1:
+        return []
+    skip = set()
+    if parallel_dims.ep_enabled:
+        for module in model.modules():
+            routed = getattr(getattr(module, "moe", None), "routed_experts", None)
+            if routed is not None:
+                skip.update(id(m) for m in routed.inner_experts.modules())
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+    )
+    placements = (Replicate(),)
+    kept = []
+    for name, module in model.named_modules():
+        if id(module) in skip:
+            continue
+        own = dict(module.named_parameters(recurse=False))
+        uneven = [
+            p_name for p_name, p in own.items()
+            if isinstance(p, DTensor) and p.numel() > 0
+            and (p.to_local().ndim == 0 or p.to_local().shape[0] % degree != 0)
+        ]
+        if not uneven:
+            continue
+        local = sum(p.to_local().numel() for p in own.values() if p is not None)
+        if local > REPLICATE_LIMIT:
+            raise ValueError(uneven_refusal(f"{name}.{uneven[0]}" if name else uneven[0],
+                                            own[uneven[0]], degree))
+        # The body of upstream's data_parallel loop for one module, mode
+        # "replicate", without the recursion.
+        for p_name, p in own.items():
+            if p is None or p.numel() == 0:
+                continue
+            distribute = _distribute_dtensor if isinstance(p, DTensor) else distribute_tensor
+            module.register_parameter(
+                p_name, nn.Parameter(distribute(p, fsdp_mesh, placements))
+            )
+        module.__class__ = _replicated_class(type(module))
+        _register_parametrization(
+            module, list(own),
+            ReplicateComputation(fsdp_mesh, placements, "replicate", mp_policy=mp_policy),
+        )
+        kept += [f"{name}.{p_name}" if name else p_name for p_name in own]
+    if kept:
+        logger.info(
+            "SimpleFSDP: %d parameters kept replicated over the %d FSDP ranks "
+            "(TP-local dim 0 not a multiple of it), e.g. %s",
+            len(kept), degree, kept[0],
+        )
+    return kept
 
 
 def parallelize_llama(model, **kwargs):

@@ -50,10 +50,10 @@ def gpt_oss_20b_neuron_tp2_fsdp32() -> NeuronTrainer.Config:
     return _neuron_gpt_oss_config(gpt_oss_20b(), tp=2, global_batch_size=64)
 
 
-def gpt_oss_120b_neuron_tp4() -> NeuronTrainer.Config:
-    # Planned, never run: its sharded state alone needs two trn2.48xlarge
-    # (128 NeuronCores), where TP4 x FSDP32 does not trace yet (docs/gpt_oss.md).
-    return _neuron_gpt_oss_config(gpt_oss_120b(), tp=4, global_batch_size=64)
+def gpt_oss_120b_neuron_tp8() -> NeuronTrainer.Config:
+    # Two trn2.48xlarge: TP8 x FSDP16 on 128 NeuronCores, global batch 128
+    # (8 accumulation steps). Planned, never run (docs/gpt_oss.md).
+    return _neuron_gpt_oss_config(gpt_oss_120b(), tp=8, global_batch_size=128)
 
 
 def gpt_oss_debugmodel_neuron_tp2_fsdp2() -> NeuronTrainer.Config:

@@ -14,7 +14,7 @@ from torchtitan.trainer import Trainer
 from torchtitan_neuron.experiments.graph_trainer.configs import simple_fsdp_from_plain
 from torchtitan_neuron.models.gpt_oss.config_registry import (
     gpt_oss_20b_neuron_tp2_fsdp32,
-    gpt_oss_120b_neuron_tp4,
+    gpt_oss_120b_neuron_tp8,
     gpt_oss_debugmodel_neuron_tp2_fsdp2,
 )
 from torchtitan_neuron.trainer import NeuronGraphTrainer
@@ -44,8 +44,8 @@ def simple_fsdp_gpt_oss_20b_fullac() -> NeuronGraphTrainer.Config:
 
 
 def simple_fsdp_gpt_oss_120b_fullac() -> NeuronGraphTrainer.Config:
-    # Planned only (two nodes; docs/gpt_oss.md).
-    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp4, full_ac=True)
+    # Planned only: TP8 x FSDP16 on two trn2.48xlarge (docs/gpt_oss.md).
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp8, full_ac=True)
 
 
 def simple_fsdp_gpt_oss_debugmodel() -> NeuronGraphTrainer.Config:
