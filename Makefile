@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: install train test test-fast test-slow check-errors bench bench-cache bench-plan \
-	bench-documents clean
+	bench-documents bench-hf clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -65,6 +65,11 @@ bench-plan: install
 # tiny Llama and DeepSeek recipes (about 4 minutes).
 bench-documents: install
 	$(PY) scripts/bench_documents.py
+
+# The Hugging Face hand-off figures of docs/hf.md: import, round trip and
+# export of each family's debug flavor against transformers (about 8 minutes).
+bench-hf: install
+	$(PY) -m pytest -q -s -m slow tests/test_hf.py | grep "hf-figure"
 
 clean:
 	rm -rf outputs .pytest_cache

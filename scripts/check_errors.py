@@ -170,6 +170,21 @@ def case_gpt_oss_fsdp_vs_experts(tmp):
                            module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
 
 
+def case_hf_import_shapes(tmp):
+    # A Hugging Face folder whose embedding is not the debug flavor's.
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp / "hf"
+    folder.mkdir()
+    save_file({"model.embed_tokens.weight": torch.zeros(10, 8)},
+              str(folder / "model.safetensors"))
+    return _preflight_case([*FAST, "--checkpoint.enable", "--checkpoint.initial_load_in_hf",
+                            f"--checkpoint.initial_load_path={folder}",
+                            f"--dump_folder={tmp / 'out'}"],
+                           "tensor model.embed_tokens.weight is [10, 8] there")
+
+
 def case_cpu_oversubscribed(tmp):
     ngpu = (os.cpu_count() or 1) + 1
     out = _train([*FAST, "--training.steps", "1", f"--dump_folder={tmp}"], ngpu=ngpu)
@@ -251,6 +266,7 @@ CASES = {
     "gpt-oss-tp-vs-kv-heads": case_gpt_oss_tp_vs_kv_heads,
     "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
     "gpt-oss-fsdp-vs-experts": case_gpt_oss_fsdp_vs_experts,
+    "hf-import-shapes": case_hf_import_shapes,
     "cpu-oversubscribed": case_cpu_oversubscribed,
     "trn2-on-cpu": case_trn2_on_cpu,
     "ctrl-c": case_ctrl_c,

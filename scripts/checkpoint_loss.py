@@ -71,16 +71,9 @@ def load_weights(model: torch.nn.Module, checkpoint: Path, sd_adapter) -> str:
     return fmt
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--module", required=True)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--checkpoint", required=True, type=Path)
-    parser.add_argument("--batches", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=2)
-    opts, trainer_args = parser.parse_known_args(argv)
-
+def build_model(module: str, recipe: str, trainer_args: list[str]):
+    """(config, the recipe's model in fp32 on the CPU with its initial
+    weights, its state-dict adapter or None)."""
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
 
@@ -88,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     init_logger()
     platform.install()
-    config = ConfigManager().parse_args(
-        ["--module", opts.module, "--config", opts.config, *trainer_args]
-    )
+    config = ConfigManager().parse_args(["--module", module, "--config", recipe, *trainer_args])
     spec = config.model_spec
     model_config = spec.model
     model_config.update_from_config(config=config)
@@ -105,18 +96,40 @@ def main(argv: list[str] | None = None) -> int:
         if spec.state_dict_adapter
         else None
     )
-    fmt = load_weights(model, opts.checkpoint, adapter)
+    return config, model, adapter
 
+
+def batches(config, batch_size: int, count: int):
+    """The first ``count`` batches of ``batch_size`` sequences, as one rank
+    of a 1-rank run reads them: a run's first global batch when
+    ``batch_size`` is its global batch size."""
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     loader = config.dataloader.build(
         dp_world_size=1, dp_rank=0, tokenizer=tokenizer,
-        seq_len=config.training.seq_len, local_batch_size=opts.batch_size,
+        seq_len=config.training.seq_len, local_batch_size=batch_size,
     )
+    for i, batch in enumerate(loader):
+        if i == count:
+            return
+        yield batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--batches", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=2)
+    opts, trainer_args = parser.parse_known_args(argv)
+
+    config, model, adapter = build_model(opts.module, opts.config, trainer_args)
+    fmt = load_weights(model, opts.checkpoint, adapter)
+
     total, count = 0.0, 0
     with torch.no_grad():
-        for i, (inputs, labels) in enumerate(loader):
-            if i == opts.batches:
-                break
+        for inputs, labels in batches(config, opts.batch_size, opts.batches):
             logits = model(inputs["input"])
             total += F.cross_entropy(
                 logits.flatten(0, 1).float(), labels.flatten(), reduction="sum"

@@ -138,6 +138,26 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize:annotate_deepseekv3":
             "5e4ca6f500e4c3bf",
     },
+    "gpt-oss-hf-adapter": {
+        # The map whose expert entries are popped, and the conversions run
+        # for every other key.
+        "torchtitan.models.gpt_oss.state_dict_adapter:GptOssStateDictAdapter.__init__":
+            "bc442c794ef7ae3d",
+        "torchtitan.models.gpt_oss.state_dict_adapter:GptOssStateDictAdapter.to_hf":
+            "661eba4853e9938b",
+        "torchtitan.models.gpt_oss.state_dict_adapter:GptOssStateDictAdapter.from_hf":
+            "87ea55bf2025b18e",
+    },
+    "hf-import-unexpressed": {
+        # Asks DCP for every key to_hf names when loading an HF folder.
+        "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_load": "232eddc0682d2e11",
+    },
+    "hf-export-hand-off": {
+        # The last-step HF export goes through dcp_save with to_hf=True.
+        "torchtitan.components.checkpointer.dcp:CheckpointManager._save_last_step":
+            "953f4e9dbd51471a",
+        "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save": "4688af5aa781414f",
+    },
     "simple-fsdp-uneven-tp": {
         # The gather that re-wraps the FSDP shard with from_local (the wrong
         # size when uneven), the loop body copied for one module, the private

@@ -15,6 +15,10 @@ matches torchtitan's ``step-(\\d+)`` pattern, so it is never loaded or
 purged as a checkpoint; a leftover one is reported and replaced by the next
 save of that step. Remote folders (``s3://``...) keep torchtitan's
 behaviour: there, ``.metadata`` written last is the completion marker.
+
+A Hugging Face export (``to_hf``) also gets, before the rename, what
+``checkpointer.hf_hand_off`` writes (``torchtitan_neuron.hf.install_export``:
+config.json and the tokenizer files).
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ def make_saves_atomic(checkpointer) -> bool:
         if not hasattr(future, "add_done_callback"):  # a synchronous save returned
             _barrier()  # every rank's files (and consolidated exports) are in
             if _is_rank0():
+                hand_off = getattr(checkpointer, "hf_hand_off", None)
+                if kwargs.get("to_hf") and hand_off is not None:
+                    hand_off(partial)  # config.json, tokenizer (torchtitan_neuron.hf)
                 _publish(partial, final)
         elif _is_rank0():
             # Rank 0's DCP future completes after the metadata, which is

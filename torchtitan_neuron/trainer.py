@@ -37,6 +37,7 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform, run_report
 from torchtitan_neuron.checkpoint import make_saves_atomic
+from torchtitan_neuron.hf import install_export
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.init import layout_invariant_init
 from torchtitan_neuron.memory import (
@@ -201,6 +202,7 @@ class _NeuronTrainerMixin:
             )
         _force_sum_reductions_on_gloo(self.model_parts)
         make_saves_atomic(self.checkpointer)
+        install_export(self)
         compile_config = self.config.compile
         # torch.compile'd clipping when ``grad_clip`` is a compile component
         # (a step hook may swap in its own tracing of the same function).

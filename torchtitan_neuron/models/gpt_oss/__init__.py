@@ -15,6 +15,7 @@ from torchtitan.models.gpt_oss.model import GptOssModel
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
+from torchtitan_neuron.components.gpt_oss_adapter import GptOssHFStateDictAdapter
 from torchtitan_neuron.components.model_config import neuron_spec
 from torchtitan_neuron.components.moe import register_load_balancing_hook
 from torchtitan_neuron.components.sink_attention import use_sdpa_sink_model
@@ -70,5 +71,8 @@ def model_registry(
     # instead of SDPA's float copy of a boolean mask inside every layer
     # (docs/gpt_oss_attention.md).
     config = use_sdpa_sink_model(config)
-    spec = replace(_upstream_spec(flavor), model=config)
+    # The adapter that maps the experts (upstream's drops them: row
+    # gpt-oss-hf-adapter of docs/upstream-workarounds.md).
+    spec = replace(_upstream_spec(flavor), model=config,
+                   state_dict_adapter=GptOssHFStateDictAdapter)
     return neuron_spec(spec, converters, post_optimizer_build_fn=register_load_balancing_hook)
