@@ -22,7 +22,8 @@ transformers' DeepSeek-V2, GPT-OSS), in fp32 on CPU:
   families with the expert-selection bias, which transformers lacks, zeroed
   on both sides; its effect is measured in docs/hf.md).
 
-Tier: fast (in-process checks) and slow (the runs).
+Tier: fast (in-process checks, and the export script on a DCP checkpoint, about
+20 s) and slow (the runs, about 6 minutes: make bench-hf prints their figures).
 Run: .venv/bin/python -m pytest tests/test_hf.py -q
 """
 
@@ -186,6 +187,54 @@ def test_upstream_gpt_oss_adapter_still_drops_the_experts():
     assert {k for k in ours if "layers.0.mlp.experts" in k} == {
         f"model.layers.0.mlp.experts.{n}"
         for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
+
+
+def test_a_flavor_transformers_cannot_express_is_named():
+    from torchtitan_neuron import hf
+
+    config, _ = _build(*DEEPSEEK)
+    spec = config.model_spec
+    for layer in spec.model.layers:
+        if layer.moe is not None:
+            layer.moe.router.score_func = "sigmoid"
+    with pytest.raises(hf.HFExportError) as info:
+        hf.transformers_config(spec, spec.model, torch.float32)
+    assert str(info.value).startswith(
+        "the router scores with sigmoid; DeepseekV2ForCausalLM routes with softmax")
+
+
+def test_an_adapter_that_drops_tensors_is_caught():
+    """Upstream's GPT-OSS adapter: the coverage check names the experts."""
+    from torchtitan.models.gpt_oss.state_dict_adapter import GptOssStateDictAdapter
+
+    from torchtitan_neuron import hf
+
+    config, model = _build(*GPT_OSS)
+    spec = config.model_spec
+    dropped, _ = hf.coverage_gaps(spec, GptOssStateDictAdapter(spec.model, None),
+                                  model.state_dict())
+    assert "layers.0.moe.routed_experts.inner_experts.mlp1_weight_EGD" in dropped
+    assert len(dropped) == 4 * len(spec.model.layers)
+
+
+def test_export_script_writes_a_folder_transformers_opens(tmp_path):
+    """scripts/export_hf.py on a DCP checkpoint: one process, the same loss."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    config, model = _build(*LLAMA)
+    dcp.save(model.state_dict(), checkpoint_id=str(tmp_path / "step-1"), no_dist=True)
+    out = run_command([sys.executable, "scripts/export_hf.py", "--module", LLAMA[0],
+                       "--config", LLAMA[1], "--checkpoint", str(tmp_path / "step-1"),
+                       "--out", str(tmp_path / "hf"), "--hf_assets_path=./tests/assets/tokenizer"],
+                      timeout=300)
+    assert out.returncode == 0, out.output[-3000:]
+    assert "wrote 57 tensors (torch.float32) and config.json, tokenizer.json" in out.output
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    tokens = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = model(tokens).float(), theirs(input_ids=tokens).logits.float()
+    assert abs(_loss(a, tokens) - _loss(b, tokens)) <= 1e-5 * _loss(b, tokens)
 
 
 # ---- the runs (slow tier) ----------------------------------------------------

@@ -297,13 +297,31 @@ def install_export(trainer) -> bool:
                        "The weights are still written.")
     # Rank 0 alone writes the hand-off: it reads its own buffers, not the
     # state dict (a collective under FSDP).
+    expected = set(adapter.to_hf({k: torch.empty(v.shape, dtype=v.dtype, device="meta")
+                                  for k, v in state.items() if isinstance(v, torch.Tensor)}))
     checkpointer.hf_hand_off = lambda folder: _hand_off(
-        folder, spec, hf_config, gap, config.hf_assets_path, trainer.model_parts)
+        folder, spec, hf_config, gap, config.hf_assets_path, trainer.model_parts, expected)
     return True
 
 
-def _hand_off(folder, spec, hf_config, gap, hf_assets_path, model_parts) -> None:
+def written_tensors(folder) -> set[str]:
+    """The tensor names an HF folder holds: its index, else its headers."""
+    index = Path(folder) / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    return set(folder_shapes(folder))
+
+
+def _hand_off(folder, spec, hf_config, gap, hf_assets_path, model_parts, expected) -> None:
     from torchtitan.tools.logging import logger
+
+    missing = sorted(expected - written_tensors(folder))
+    if missing:
+        # Not renamed to step-N: an export without them is not the model.
+        raise HFExportError(
+            f"the Hugging Face export in {folder} lacks {len(missing)} of the "
+            f"{len(expected)} tensors the adapter maps ({', '.join(missing[:3])}, ...); "
+            "it is left under its .partial name.")
 
     local = {name: tensor for part in model_parts
              for name, tensor in [*part.named_buffers(), *part.named_parameters()]}
