@@ -29,8 +29,10 @@ measured at the start of the run (2048^3 ``torch.mm``, median of 7), which
 the ranks are given as ``TORCHTITAN_NEURON_CPU_PEAK_FLOPS``.
 
 Writes ``<out>/bench.md`` (the tables) and ``<out>/bench.png`` (the plot),
-and prints ``key=value`` lines: ``simplefsdp_vs_fsdp2_tokens_per_s_ratio``,
-``mfu_vs_matmul_peak`` and ``warm_vs_cold_first_step`` per model.
+and prints ``key=value`` lines per model: ``simplefsdp_vs_fsdp2_tokens_per_s_ratio``,
+``simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio`` (``failed`` when that cell
+failed), ``mfu_vs_matmul_peak``, ``mfu_vs_one_rank`` (2-rank MFU over the same
+model's 1-rank MFU) and ``warm_vs_cold_first_step``.
 """
 
 import argparse
@@ -218,14 +220,26 @@ def table(cells: list[Cell], models: dict[str, Model]) -> list[str]:
 def summary(cells: list[Cell]) -> list[str]:
     lines = []
     by = {(c.model, c.mode, c.ranks): c for c in cells if c.ok() and not c.error}
+    failed = {(c.model, c.mode, c.ranks) for c in cells if not c.ok() or c.error}
     for model in dict.fromkeys(c.model for c in cells):
         simple, fsdp2 = by.get((model, "simplefsdp", 2)), by.get((model, "fsdp2", 2))
+        fx, one = by.get((model, "aot_fx_trace", 2)), by.get((model, "simplefsdp", 1))
         parts = [f"model={model}"]
         if simple and fsdp2:
             parts.append("simplefsdp_vs_fsdp2_tokens_per_s_ratio="
                          f"{simple.median('tps') / fsdp2.median('tps'):.3f}")
+        if simple and fx:
+            parts.append("simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio="
+                         f"{simple.median('tps') / fx.median('tps'):.3f}")
+        elif (model, "aot_fx_trace", 2) in failed:
+            parts.append("simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed")
         if simple:
             parts.append(f"mfu_vs_matmul_peak={simple.median('mfu_pct') / 100:.3f}")
+        if simple and one:
+            # The same model's 1-rank MFU: the ceiling without communication.
+            parts.append("mfu_vs_one_rank="
+                         f"{simple.median('mfu_pct') / one.median('mfu_pct'):.3f}")
+        if simple:
             cold, warm = simple.cold_warm()
             if warm is not None:
                 parts.append(f"warm_vs_cold_first_step={warm / cold:.3f}")

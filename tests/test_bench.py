@@ -73,6 +73,19 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
     [line] = bench.summary([simple, fsdp2])
     assert line == ("model=tiny simplefsdp_vs_fsdp2_tokens_per_s_ratio=1.250 "
                     "mfu_vs_matmul_peak=0.300 warm_vs_cold_first_step=0.122")
+    one = bench.Cell("tiny", "simplefsdp", 1, [
+        _log(5.0, [0.5, 0.5, 0.5], [2000, 2000, 2000, 2000], 40.0, state)])
+    fx = bench.Cell("tiny", "aot_fx_trace", 2, [
+        _log(5.0, [0.8, 0.8, 0.8], [1250, 1250, 1250, 1250], 35.0, state)])
+    [line] = bench.summary([simple, fsdp2, one, fx])
+    assert line == ("model=tiny simplefsdp_vs_fsdp2_tokens_per_s_ratio=1.250 "
+                    "simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=0.800 "
+                    "mfu_vs_matmul_peak=0.300 mfu_vs_one_rank=0.750 "
+                    "warm_vs_cold_first_step=0.122")
+    broken = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
+                        error="RuntimeError: boom")
+    assert "simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed" in bench.summary(
+        [simple, broken])[0]
     rows = bench.table([simple, fsdp2], bench.MODELS)
     assert "| 1.000 [0.800, 1.200] | 1000 | 30.0% | 1.04 | 11.76 / 11.76 / 23.51 | 90.0 / 11.0 |" in rows[2]
     failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
