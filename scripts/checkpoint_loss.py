@@ -114,11 +114,18 @@ def batches(config, batch_size: int, count: int):
         yield batch
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def recipe_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every one-process checkpoint script takes: the recipe
+    (its trainer flags are left over for ``build_model``)."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--module", required=True)
     parser.add_argument("--config", required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = recipe_parser(__doc__)
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--batches", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=2)

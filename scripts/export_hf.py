@@ -17,7 +17,6 @@ are still written.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -26,14 +25,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from checkpoint_loss import build_model, load_weights  # noqa: E402
+from checkpoint_loss import build_model, load_weights, recipe_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--module", required=True)
-    parser.add_argument("--config", required=True)
+    parser = recipe_parser(__doc__)
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--dtype", default=None,

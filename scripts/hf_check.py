@@ -21,7 +21,6 @@ batch (the loss its step 1 prints, before any update). Needs
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -31,14 +30,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from checkpoint_loss import batches, build_model, load_weights  # noqa: E402
+from checkpoint_loss import batches, build_model, load_weights, recipe_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--module", required=True)
-    parser.add_argument("--config", required=True)
+    parser = recipe_parser(__doc__)
     parser.add_argument("--hf", required=True, type=Path, help="a Hugging Face model folder")
     parser.add_argument("--checkpoint", type=Path, help="this project's weights to compare")
     parser.add_argument("--batch-size", type=int, default=2)
