@@ -104,8 +104,8 @@ def test_uneven_tp_parameter_is_replicated_over_fsdp_and_reads_its_tp_rows():
             "SimpleFSDP cannot shard sinks (TP-local shape (3,)) over 2 FSDP ranks: "
             "2 does not divide its 3 rows, and at 3 elements per TP rank it is too "
             "large to keep replicated. Choose an FSDP degree (world size / "
-            "--parallelism.tensor_parallel_degree) that divides 3, e.g. 3, or split "
-            "it with --parallelism.expert_parallel_degree.")
+            "--parallelism.tensor_parallel_degree) that divides 3, or split it with "
+            "--parallelism.expert_parallel_degree.")
         assert r["kept"] == ["sinks"]
         # Replicated over FSDP, still sharded over TP; the child sharded.
         assert r["stored"] == ["R", "S(0)"]
