@@ -28,10 +28,20 @@ def family_name(model_spec) -> str:
     return FAMILY_NAMES.get(name, name)
 
 
+def divisors(n: int, *, start: int = 1, up_to: int | None = None) -> list[int]:
+    """The divisors of ``n`` from ``start`` to ``up_to`` (default ``n``)."""
+    return [d for d in range(start, min(n, up_to or n) + 1) if n % d == 0]
+
+
+def _or_list(values) -> str:
+    """'1, 2, 4 or 8'."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
 def _divisors(n: int) -> str:
     """'1, 2, 4 or 8': every degree that divides ``n``."""
-    found = [str(d) for d in range(1, n + 1) if n % d == 0]
-    return found[0] if len(found) == 1 else ", ".join(found[:-1]) + " or " + found[-1]
+    return _or_list(divisors(n))
 
 
 def _counts(model_config, what: str) -> set[int]:
@@ -102,6 +112,4 @@ def model_layout_refusal(config, tp: int, ep: int, fsdp: int = 1) -> str | None:
 def _divisors_up_to(n: int, near: int) -> str:
     """The divisors of ``n`` closest below ``near`` (at most four), as '2, 4,
     8 or 16'."""
-    found = [d for d in range(1, min(n, near) + 1) if n % d == 0][-4:]
-    words = [str(d) for d in found]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    return _or_list(divisors(n, up_to=near)[-4:])

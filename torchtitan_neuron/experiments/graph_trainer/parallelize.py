@@ -35,6 +35,7 @@ from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
     reshard_after_forward,
 )
+from torchtitan_neuron.model_layout import divisors
 
 
 def parallelize_simple_fsdp(
@@ -88,7 +89,7 @@ def uneven_refusal(name: str, param, degree: int) -> str:
     """The message for a parameter too large to replicate: it names the
     parameter, its TP-local dim 0 and the FSDP degrees that divide it."""
     rows = param.to_local().shape[0] if param.to_local().ndim else 1
-    fits = [d for d in range(2, min(rows, degree) + 1) if rows % d == 0][-4:]
+    fits = divisors(rows, start=2, up_to=degree)[-4:]
     return (
         f"SimpleFSDP cannot shard {name} (TP-local shape "
         f"{tuple(param.to_local().shape)}) over {degree} FSDP ranks: {degree} "
