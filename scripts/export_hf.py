@@ -57,15 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                for k, v in adapter.to_hf(state).items()}
     opts.out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(opts.out / "model.safetensors"), metadata={"format": "pt"})
-    notes = hf._bias_notes(config.model_spec, state)
-    try:
-        hf_config = hf.transformers_config(config.model_spec, config.model_spec.model, dtype)
-    except hf.HFExportError as exc:
-        notes.append(f"no config.json: {exc}")
-        (opts.out / "EXPORT_NOTES.txt").write_text("\n".join(notes) + "\n")
-        print(f"wrote {len(tensors)} tensors to {opts.out}; no config.json: {exc}")
+    notes = hf.bias_notes(config.model_spec, state)
+    hf_config, gap = hf.export_config(config.model_spec, dtype)
+    written = hf.finish_export(opts.out, hf_config, gap, config.hf_assets_path, notes)
+    if gap:
+        print(f"wrote {len(tensors)} tensors to {opts.out}; no config.json: {gap}")
         return 0
-    written = hf.write_hand_off(opts.out, hf_config, config.hf_assets_path, notes)
     for note in notes:
         print(f"note: {note}")
     print(f"wrote {len(tensors)} tensors ({dtype}) and {', '.join(written)} to {opts.out}")

@@ -212,16 +212,36 @@ def _meta_state(model_spec, model_config) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
-def coverage_gaps(model_spec, adapter, state: dict) -> tuple[list[str], list[str]]:
-    """(tensors the adapter drops, tensors the architecture has no place for),
-    both as model state-dict keys. ``state`` may hold meta tensors."""
-    meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta")
+def _as_meta(state: dict) -> dict[str, torch.Tensor]:
+    return {k: torch.empty(v.shape, dtype=v.dtype, device="meta")
             for k, v in state.items() if isinstance(v, torch.Tensor)}
-    back = adapter.from_hf(adapter.to_hf(dict(meta)))
+
+
+def unexpressed_hf_keys(model_spec, adapter, state: dict) -> set[str]:
+    """The HF names of the tensors transformers has no place for (the
+    family's ``UNEXPRESSED``), as ``to_hf`` writes them."""
+    pattern, _ = UNEXPRESSED.get(family(model_spec), (None, None))
+    if pattern is None:
+        return set()
+    return set(adapter.to_hf({k: v for k, v in state.items() if re.search(pattern, k)}))
+
+
+def _coverage(model_spec, adapter, state: dict) -> tuple[list[str], list[str], set[str]]:
+    """``coverage_gaps``, and the HF names ``to_hf`` gives the state."""
+    meta = _as_meta(state)
+    mapped = adapter.to_hf(dict(meta))
+    back = adapter.from_hf(dict(mapped))
     pattern, _ = UNEXPRESSED.get(family(model_spec), (None, None))
     lost = [k for k in meta if k not in back]
     unexpressed = [k for k in lost if pattern and re.search(pattern, k)]
-    return [k for k in lost if k not in unexpressed], unexpressed
+    return [k for k in lost if k not in unexpressed], unexpressed, set(mapped)
+
+
+def coverage_gaps(model_spec, adapter, state: dict) -> tuple[list[str], list[str]]:
+    """(tensors the adapter drops, tensors the architecture has no place for),
+    both as model state-dict keys. ``state`` may hold meta tensors."""
+    dropped, unexpressed, _ = _coverage(model_spec, adapter, state)
+    return dropped, unexpressed
 
 
 def write_hand_off(folder: str | os.PathLike, hf_config: dict, hf_assets_path: str | None,
@@ -243,7 +263,28 @@ def write_hand_off(folder: str | os.PathLike, hf_config: dict, hf_assets_path: s
     return written
 
 
-def _bias_notes(model_spec, state: dict) -> list[str]:
+def export_config(model_spec, dtype: torch.dtype) -> tuple[dict | None, str | None]:
+    """(config.json's contents, None), or (None, why transformers cannot
+    express the flavor)."""
+    try:
+        return transformers_config(model_spec, model_spec.model, dtype), None
+    except HFExportError as exc:
+        return None, str(exc)
+
+
+def finish_export(folder, hf_config: dict | None, gap: str | None,
+                  hf_assets_path: str | None, notes: list[str]) -> list[str]:
+    """What goes beside the safetensors: config.json, tokenizer and notes;
+    with a ``gap``, only the notes saying why there is no config.json.
+    Returns the names written."""
+    if gap:
+        (Path(folder) / "EXPORT_NOTES.txt").write_text(
+            "\n".join([*notes, f"no config.json: {gap}"]) + "\n")
+        return ["EXPORT_NOTES.txt"]
+    return write_hand_off(folder, hf_config, hf_assets_path, notes)
+
+
+def bias_notes(model_spec, state: dict) -> list[str]:
     """A note per family gap whose tensors hold anything but zeros."""
     pattern, what = UNEXPRESSED.get(family(model_spec), (None, None))
     if not pattern:
@@ -278,7 +319,7 @@ def install_export(trainer) -> bool:
     # What the checkpointer saves: the model wrapper's flattened state dict.
     model_state = checkpointer.states["model"]
     state = dict(model_state.state_dict())
-    dropped, _ = coverage_gaps(spec, adapter, state)
+    dropped, _, expected = _coverage(spec, adapter, state)
     if dropped:
         raise HFExportError(
             f"--checkpoint.last_save_in_hf would leave out {len(dropped)} model tensors "
@@ -286,19 +327,14 @@ def install_export(trainer) -> bool:
             "the export would not be the trained model. Save without "
             "--checkpoint.last_save_in_hf and use scripts/export_hf.py once the "
             "adapter maps them.")
-    try:
-        hf_config = transformers_config(spec, spec.model, checkpointer.export_dtype)
-        gap = None
-    except HFExportError as exc:
-        hf_config, gap = None, str(exc)
+    hf_config, gap = export_config(spec, checkpointer.export_dtype)
+    if gap:
         from torchtitan.tools.logging import logger
 
-        logger.warning(f"The Hugging Face export will have no config.json: {exc}. "
+        logger.warning(f"The Hugging Face export will have no config.json: {gap}. "
                        "The weights are still written.")
     # Rank 0 alone writes the hand-off: it reads its own buffers, not the
     # state dict (a collective under FSDP).
-    expected = set(adapter.to_hf({k: torch.empty(v.shape, dtype=v.dtype, device="meta")
-                                  for k, v in state.items() if isinstance(v, torch.Tensor)}))
     checkpointer.hf_hand_off = lambda folder: _hand_off(
         folder, spec, hf_config, gap, config.hf_assets_path, trainer.model_parts, expected)
     return True
@@ -325,12 +361,10 @@ def _hand_off(folder, spec, hf_config, gap, hf_assets_path, model_parts, expecte
 
     local = {name: tensor for part in model_parts
              for name, tensor in [*part.named_buffers(), *part.named_parameters()]}
-    notes = _bias_notes(spec, local)
+    notes = bias_notes(spec, local)
+    written = finish_export(folder, hf_config, gap, hf_assets_path, notes)
     if gap:
-        notes.append(f"no config.json: {gap}")
-        (Path(folder) / "EXPORT_NOTES.txt").write_text("\n".join(notes) + "\n")
         return
-    written = write_hand_off(folder, hf_config, hf_assets_path, notes)
     for note in notes:
         logger.warning(f"Hugging Face export: {note}")
     logger.info(f"Hugging Face export: wrote {', '.join(written)} beside the safetensors")
@@ -357,9 +391,7 @@ def allow_unexpressed_on_import(checkpointer, spec) -> bool:
         if not from_hf or adapter is None:
             return load(state_dict, checkpoint_id, from_hf, *args, **kwargs)
         present = set(folder_shapes(checkpoint_id))
-        skip = {k for k in adapter.to_hf({n: v for n, v in state_dict.items()
-                                          if re.search(pattern, n)})
-                if k not in present}
+        skip = unexpressed_hf_keys(spec, adapter, state_dict) - present
         if not skip:
             return load(state_dict, checkpoint_id, from_hf, *args, **kwargs)
         from torchtitan.tools.logging import logger
@@ -392,8 +424,11 @@ def folder_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 def expected_shapes(model_spec, model_config) -> dict[str, tuple[int, ...]]:
     adapter = model_spec.state_dict_adapter(model_config, None)
-    hf = adapter.to_hf(_meta_state(model_spec, model_config))
-    return {k: tuple(v.shape) for k, v in hf.items()}
+    return _hf_shapes(adapter, _meta_state(model_spec, model_config))
+
+
+def _hf_shapes(adapter, meta: dict) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in adapter.to_hf(dict(meta)).items()}
 
 
 # Tensors HF folders carry that no model here needs.
@@ -407,20 +442,18 @@ def import_refusal(model_spec, model_config, folder, flavors=None) -> str | None
              if not any(re.search(p, k) for p in IGNORED_IN_FOLDER)}
     if not found:
         return f"{folder} holds no *.safetensors files"
-    want = expected_shapes(model_spec, model_config)
-    # What the architecture has no place for may be absent (a folder
-    # transformers wrote); the model keeps its initial values there.
-    pattern, _ = UNEXPRESSED.get(family(model_spec), (None, None))
     adapter = model_spec.state_dict_adapter(model_config, None)
     meta = _meta_state(model_spec, model_config)
-    optional = set(adapter.to_hf({k: v for k, v in meta.items()
-                                  if pattern and re.search(pattern, k)})) if pattern else set()
+    want = _hf_shapes(adapter, meta)
+    # What the architecture has no place for may be absent (a folder
+    # transformers wrote); the model keeps its initial values there.
+    optional = unexpressed_hf_keys(model_spec, adapter, meta)
     flavor = model_spec.flavor
-    hint = _flavor_hint(model_spec, found, flavors)
     for name, shape in want.items():
         if name in found and found[name] != shape:
             return (f"{folder} does not match flavor {flavor!r}: tensor {name} is "
-                    f"{list(found[name])} there, {list(shape)} expected.{hint}")
+                    f"{list(found[name])} there, {list(shape)} expected."
+                    f"{_flavor_hint(model_spec, found, flavors)}")
     missing = sorted(set(want) - set(found) - optional)
     unexpected = sorted(set(found) - set(want))
     if missing or unexpected:
@@ -431,7 +464,8 @@ def import_refusal(model_spec, model_config, folder, flavors=None) -> str | None
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected ({', '.join(unexpected[:3])}"
                          + (", ..." if len(unexpected) > 3 else "") + ")")
-        return f"{folder} does not match flavor {flavor!r}: {'; '.join(parts)}.{hint}"
+        return (f"{folder} does not match flavor {flavor!r}: {'; '.join(parts)}."
+                f"{_flavor_hint(model_spec, found, flavors)}")
     return None
 
 
