@@ -79,8 +79,9 @@ def bucket_blocks(model: nn.Module, fsdp_mesh, param_dtype, reduce_dtype) -> int
         if any(m._parameters[n].to_local().shape[0] * world != m._parameters[n].shape[0]
                for m, n in entries):
             continue  # uneven shards: left per parameter
-        inner = getattr(block, "_checkpoint_wrapped_module", block)
-        _install(inner, entries, group_name, world, param_dtype, reduce_dtype)
+        # Outside the block's AC region: a module attribute set inside a
+        # checkpoint region is an unsafe side effect for Dynamo.
+        _install(block, entries, group_name, world, param_dtype, reduce_dtype)
         total += len(entries)
     return total
 
