@@ -79,9 +79,14 @@ def bucket_blocks(model: nn.Module, fsdp_mesh, param_dtype, reduce_dtype) -> int
         if any(m._parameters[n].to_local().shape[0] * world != m._parameters[n].shape[0]
                for m, n in entries):
             continue  # uneven shards: left per parameter
-        # Outside the block's AC region: a module attribute set inside a
-        # checkpoint region is an unsafe side effect for Dynamo.
-        _install(block, entries, group_name, world, param_dtype, reduce_dtype)
+        # Inside the block's AC region, so the gathered parameters are
+        # recomputed with the block. The hand-off to the getters is a module
+        # attribute set and cleared within the forward, a side effect Dynamo
+        # refuses inside a checkpoint unless told not to replay it in the
+        # backward's recompute (nothing to replay: it routes tensors only).
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        _install(inner, entries, group_name, world, param_dtype, reduce_dtype)
         total += len(entries)
     return total
 
