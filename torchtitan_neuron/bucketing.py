@@ -1,117 +1,210 @@
-"""One all-gather per transformer block for SimpleFSDP (experimental).
+"""One all-gather per transformer block for SimpleFSDP, in the model's code.
 
-SimpleFSDP gathers each parameter through its own property getter, one
-collective per parameter per use. ``bucket_blocks`` gives every transformer
-block one gather for all of its FSDP-sharded parameters: the local shards
-are concatenated, cast to ``param_dtype`` and all-gathered once; the full
-parameters are views into the result. The backward of that gather is one
-reduce-scatter in ``reduce_dtype``. It is expressed in the model's code, so
-every compile backend receives it.
+SimpleFSDP gathers each parameter through its own property getter: one
+all-gather per parameter per use, and one reduce-scatter per gradient.
+``bucket_blocks`` gives every transformer block one gather per FSDP mesh for
+all of its FSDP-sharded parameters:
 
-Scope of this version: FSDP only (parameters sharded on dim 0 of a 1-D FSDP
-mesh, even shards); other layouts keep the per-parameter gathers.
+- the block's local shards are padded to equal rows, flattened and
+  concatenated, cast to ``param_dtype`` and all-gathered once;
+- the full parameters are views into the result (re-wrapped as TP DTensors
+  under TP x FSDP, as upstream's getter does);
+- the backward of that gather is one reduce-scatter of the flat gradient in
+  ``reduce_dtype``.
+
+It is expressed with functional collectives inside the block's forward, so
+the graph every compile backend receives (``neuron``, inductor, aot_eager)
+already has one collective per block; nothing depends on a backend's own
+passes. The parameters stay per-parameter DTensors sharded on dim 0, so DCP,
+the optimizer, initialisation and gradient clipping see no change.
+
+The gather runs inside its own checkpoint region, within the block's AC
+region when the block has one, so it is recomputed in backward as the
+per-parameter gathers are (``activation_checkpoint.reshard_after_forward``):
+resharding after forward holds under full, selective and no AC.
+
+Left per parameter: parameters FSDP shards on another dim than 0 (routed
+experts when EP x FSDP exceeds the experts), HSDP and DDP layouts, and blocks
+with fewer than two such parameters.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
-import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import checkpoint
+from torchtitan.experiments.graph_trainer import simple_fsdp
 
 _BUCKET = "_torchtitan_neuron_bucket"
+# Set on a block whose forward is bucketed.
+BUCKETED = "_torchtitan_neuron_bucketed"
+# The mesh dims upstream's apply_simple_fsdp shards over (common_utils.py).
+FSDP_DIMS = ("fsdp", "efsdp")
 
 
 class _GatherBucket(torch.autograd.Function):
-    """all-gather of one flat shard in param_dtype; backward: reduce-scatter
-    of the flat gradient in reduce_dtype."""
+    """All-gather of one flat shard in param_dtype; backward: reduce-scatter
+    (sum, as SimpleFSDP's ``Partial("sum")``) of the flat gradient in
+    reduce_dtype, returned in the shard's dtype."""
 
     @staticmethod
-    def forward(ctx, flat, group_name: str, world: int, param_dtype, reduce_dtype):
-        ctx.group_name, ctx.world = group_name, world
-        ctx.reduce_dtype, ctx.dtype = reduce_dtype, flat.dtype
-        gathered = funcol.all_gather_tensor(flat.to(param_dtype), 0, group_name)
-        return funcol.wait_tensor(gathered)
+    def forward(ctx, flat, group_name: str, param_dtype, reduce_dtype):
+        ctx.group_name, ctx.reduce_dtype, ctx.dtype = group_name, reduce_dtype, flat.dtype
+        if param_dtype is not None:
+            flat = flat.to(param_dtype)
+        return funcol.wait_tensor(funcol.all_gather_tensor(flat, 0, group_name))
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.to(ctx.reduce_dtype) if ctx.reduce_dtype is not None else grad
+        if ctx.reduce_dtype is not None:
+            grad = grad.to(ctx.reduce_dtype)
         out = funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 0, ctx.group_name)
-        return funcol.wait_tensor(out).to(ctx.dtype), None, None, None, None
+        return funcol.wait_tensor(out).to(ctx.dtype), None, None, None
 
 
-def _entries(block: nn.Module) -> list[tuple[nn.Module, str]]:
-    found = []
+@dataclass(frozen=True)
+class _Entry:
+    module: nn.Module
+    name: str
+    rows: int  # dim 0 of the gathered (TP-local) parameter on this rank
+    pad_rows: int  # rows every FSDP rank contributes: ceil(rows / FSDP degree)
+    shape: tuple[int, ...]  # the gathered (TP-local) shape on this rank
+    tp: tuple | None  # (TP mesh, TP placements) to re-wrap with, or None
+
+
+def _fsdp_sharded(param) -> bool:
+    """Sharded on dim 0 by FSDP, the first dim of its mesh (``fsdp``, or
+    ``efsdp`` for routed experts)."""
+    if not isinstance(param, DTensor):
+        return False
+    first, mesh = param.placements[0], param.device_mesh
+    return (isinstance(first, (Shard, _StridedShard)) and first.dim == 0
+            and mesh.mesh_dim_names is not None
+            and mesh.mesh_dim_names[0] in FSDP_DIMS)
+
+
+def _entry(module: nn.Module, name: str, param: DTensor, fsdp_size: int) -> _Entry:
+    mesh = param.device_mesh
+    if mesh.ndim == 1:
+        shape, tp = tuple(param.shape), None
+    else:
+        # What upstream's getter returns: the TP-local tensor, wrapped on the
+        # non-FSDP mesh with the parameter's TP placements.
+        tp_placements = tuple(param.placements[1:])
+        shape, _ = compute_local_shape_and_global_offset(
+            param.shape, mesh, (Replicate(),) + tp_placements)
+        tp = (mesh[tuple(mesh.mesh_dim_names[1:])], tp_placements)
+    rows = shape[0]
+    return _Entry(module, name, rows, math.ceil(rows / fsdp_size), tuple(shape), tp)
+
+
+def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
+    """The block's FSDP-sharded parameters, by FSDP process group."""
+    groups: dict[str, list[_Entry]] = {}
     for module in block.modules():
         if not type(module).__name__.startswith("SimpleFSDP"):
             continue
         for name, param in module._parameters.items():
-            if isinstance(param, DTensor) and param._spec.mesh.ndim == 1 \
-                    and param.placements == (Shard(0),):
-                found.append((module, name))
-    return found
+            if not _fsdp_sharded(param):
+                continue
+            fsdp = param.device_mesh[param.device_mesh.mesh_dim_names[0]] \
+                if param.device_mesh.ndim > 1 else param.device_mesh
+            group_name = fsdp.get_group().group_name
+            groups.setdefault(group_name, []).append(
+                _entry(module, name, param, fsdp.size()))
+    return groups
 
 
-def _gather(group_name, world, param_dtype, reduce_dtype, shapes, *locals_):
-    flat = torch.cat([t.reshape(-1) for t in locals_])
-    full = _GatherBucket.apply(flat, group_name, world, param_dtype, reduce_dtype)
+def _gather(group_name, param_dtype, reduce_dtype, layout, *shards):
+    """The full parameters of one bucket from this rank's shards."""
+    padded = []
+    for t, (rows, pad_rows, shape) in zip(shards, layout):
+        if t.shape[0] < pad_rows:
+            t = torch.cat([t, t.new_zeros((pad_rows - t.shape[0], *t.shape[1:]))])
+        padded.append(t.reshape(-1))
+    full = _GatherBucket.apply(torch.cat(padded), group_name, param_dtype, reduce_dtype)
+    world = full.numel() // sum(p.numel() for p in padded)
     full = full.view(world, -1)
     out, start = [], 0
-    for t, shape in zip(locals_, shapes):
-        n = t.numel()
-        out.append(full[:, start:start + n].reshape(shape))
+    for p, (rows, pad_rows, shape) in zip(padded, layout):
+        n = p.numel()
+        # Rank r's rows are r * pad_rows onward (torch.chunk's split, which
+        # DTensor's Shard(0) uses); the padding is at the end.
+        out.append(full[:, start:start + n].reshape(world * pad_rows, *shape[1:])[:rows])
         start += n
     return tuple(out)
 
 
-def bucket_blocks(model: nn.Module, fsdp_mesh, param_dtype, reduce_dtype) -> int:
-    """Give each block of ``model.layers`` one gather; returns the number of
-    parameters bucketed."""
-    group_name = fsdp_mesh.get_group().group_name
-    world = fsdp_mesh.size()
-    total = 0
+def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int]:
+    """Give each block of ``model.layers`` one gather per FSDP mesh.
+
+    Returns (blocks bucketed, parameters bucketed)."""
+    blocks = params = 0
     for block in model.layers.values():
-        entries = _entries(block)
-        if len(entries) < 2:
+        groups = {g: es for g, es in _groups(block).items() if len(es) >= 2}
+        if not groups:
             continue
-        if any(m._parameters[n].to_local().shape[0] * world != m._parameters[n].shape[0]
-               for m, n in entries):
-            continue  # uneven shards: left per parameter
         # Inside the block's AC region, so the gathered parameters are
         # recomputed with the block. The hand-off to the getters is a module
-        # attribute set and cleared within the forward, a side effect Dynamo
-        # refuses inside a checkpoint unless told not to replay it in the
-        # backward's recompute (nothing to replay: it routes tensors only).
+        # attribute set and cleared within the forward, a Python side effect
+        # Dynamo refuses inside a checkpoint ("HOP: Unsafe side effect")
+        # unless told not to replay it in the backward's recompute; there is
+        # nothing to replay, it only routes tensors to the getters.
         torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
         inner = getattr(block, "_checkpoint_wrapped_module", block)
-        _install(inner, entries, group_name, world, param_dtype, reduce_dtype)
-        total += len(entries)
-    return total
+        _install(inner, groups, param_dtype, reduce_dtype)
+        setattr(block, BUCKETED, True)
+        blocks += 1
+        params += sum(len(es) for es in groups.values())
+    return blocks, params
 
 
-def _install(block, entries, group_name, world, param_dtype, reduce_dtype):
-    shapes = [tuple(m._parameters[n].shape) for m, n in entries]
+def _install(block: nn.Module, groups: dict[str, list[_Entry]], param_dtype, reduce_dtype):
     forward = block.forward
+    plan = [(g, es, tuple((e.rows, e.pad_rows, e.shape) for e in es))
+            for g, es in groups.items()]
 
     def bucketed_forward(*args, **kwargs):
-        locals_ = [m._parameters[n].to_local() for m, n in entries]
-        full = checkpoint(_gather, group_name, world, param_dtype, reduce_dtype, shapes,
-                          *locals_, use_reentrant=False, preserve_rng_state=False)
-        for (m, n), t in zip(entries, full):
-            m.__dict__.setdefault(_BUCKET, {})[n] = t
+        if not simple_fsdp._active_parametrization:
+            return forward(*args, **kwargs)
+        routed = []
+        for group_name, entries, layout in plan:
+            shards = [e.module._parameters[e.name].to_local() for e in entries]
+            full = checkpoint(_gather, group_name, param_dtype, reduce_dtype, layout, *shards,
+                              use_reentrant=False, preserve_rng_state=False)
+            for e, t in zip(entries, full):
+                if e.tp is not None:
+                    t = DTensor.from_local(t, e.tp[0], e.tp[1])
+                e.module.__dict__.setdefault(_BUCKET, {})[e.name] = t
+                routed.append(e)
         try:
             return forward(*args, **kwargs)
         finally:
-            for m, n in entries:
-                m.__dict__[_BUCKET].pop(n, None)
+            for e in routed:
+                e.module.__dict__[_BUCKET].pop(e.name, None)
 
     block.forward = bucketed_forward
-    for cls in {type(m) for m, _ in entries}:
-        for name, attr in list(vars(cls).items()):
-            if isinstance(attr, property) and not getattr(attr.fget, _BUCKET, False):
-                setattr(cls, name, property(_bucket_first(name, attr.fget)))
+    for cls in {type(e.module) for es in groups.values() for e in es}:
+        override_getters(cls)
+
+
+def override_getters(cls: type) -> int:
+    """Make each property getter of a ``SimpleFSDP`` class return the
+    block's gathered parameter while its bucketed forward runs, and call the
+    getter underneath otherwise. Idempotent; returns the getters changed."""
+    changed = 0
+    for name, attr in list(vars(cls).items()):
+        if isinstance(attr, property) and not getattr(attr.fget, _BUCKET, False):
+            setattr(cls, name, property(_bucket_first(name, attr.fget)))
+            changed += 1
+    return changed
 
 
 def _bucket_first(name, fget):

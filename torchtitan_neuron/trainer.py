@@ -31,6 +31,7 @@ import torch
 import torchtitan.distributed.utils as dist_utils
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config import CompileConfig
+from torchtitan.experiments.graph_trainer.configs import GraphTrainerCompileConfig
 from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
@@ -70,6 +71,20 @@ def neuron_compile_config() -> CompileConfig:
         components=["model", "loss", GRAD_CLIP_COMPONENT],
         backend=platform.NEURON_COMPILE_BACKEND,
     )
+
+
+@dataclass(kw_only=True, slots=True)
+class NeuronCompileConfig(GraphTrainerCompileConfig):
+    """GraphTrainer's compile settings in jit mode, with bucketing."""
+
+    mode: str = "jit"
+
+    bucketing: bool = True
+    """One all-gather per transformer block (and FSDP mesh) for all of its
+    sharded parameters, and one reduce-scatter for their gradients, in the
+    graph every compile backend receives (torchtitan_neuron/bucketing.py).
+    --compile.no-bucketing gathers each parameter on its own, as upstream's
+    SimpleFSDP does."""
 
 
 def require_jit_mode(compile_config) -> None:
@@ -398,6 +413,7 @@ class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
     @dataclass(kw_only=True, slots=True)
     class Config(GraphTrainer.Config):
         model: ModelOptions = field(default_factory=ModelOptions)
+        compile: NeuronCompileConfig = field(default_factory=NeuronCompileConfig)
 
         def __post_init__(self):
             # zero-argument super() does not work in slots dataclasses.

@@ -11,16 +11,17 @@ from collections.abc import Callable
 
 from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-from torchtitan.experiments.graph_trainer.configs import (
-    GraphTrainerCompileConfig,
-    to_graph_trainer_config,
-)
+from torchtitan.experiments.graph_trainer.configs import to_graph_trainer_config
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
-from torchtitan_neuron.trainer import NeuronGraphTrainer, neuron_compile_config
+from torchtitan_neuron.trainer import (
+    NeuronCompileConfig,
+    NeuronGraphTrainer,
+    neuron_compile_config,
+)
 
 
 def neuron_simple_fsdp(
@@ -44,7 +45,7 @@ def neuron_simple_fsdp(
     graph_config.activation_checkpoint = base.activation_checkpoint
     graph_config.model_spec.name = model_name
     graph_config.dataloader = layout_invariant(graph_config.dataloader)
-    graph_config.compile = GraphTrainerCompileConfig(
+    graph_config.compile = NeuronCompileConfig(
         enable=compile_config.enable,
         components=list(compile_config.components),
         backend=compile_config.backend,

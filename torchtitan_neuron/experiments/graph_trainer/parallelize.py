@@ -35,6 +35,7 @@ from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
     reshard_after_forward,
 )
+from torchtitan_neuron.bucketing import bucket_blocks
 from torchtitan_neuron.model_layout import divisors
 
 
@@ -67,15 +68,14 @@ def parallelize_simple_fsdp(
     replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     reshard_after_forward(model)
-    import os
-    if os.environ.get("TORCHTITAN_NEURON_BUCKETING") == "1" and not (
-            parallel_dims.tp_enabled or parallel_dims.ep_enabled) and parallel_dims.fsdp_enabled:
-        from torchtitan_neuron.bucketing import bucket_blocks
-
-        n = bucket_blocks(model, parallel_dims.get_mesh(["fsdp"]),
-                          TORCH_DTYPE_MAP[training.mixed_precision_param],
-                          TORCH_DTYPE_MAP[training.mixed_precision_reduce])
-        logger.info(f"SimpleFSDP bucketing: {n} parameters gathered per block")
+    if getattr(compile_config, "bucketing", True) and parallel_dims.fsdp_enabled:
+        blocks, params = bucket_blocks(
+            model,
+            TORCH_DTYPE_MAP[training.mixed_precision_param],
+            TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        )
+        logger.info(f"SimpleFSDP bucketing: {params} parameters in {blocks} blocks "
+                    "gathered once per block (--compile.no-bucketing: per parameter)")
     return apply_compile(
         model,
         compile_config=compile_config,
