@@ -202,3 +202,45 @@ def test_fsdp_one_gather_per_block_equal_results_with_uneven_rows():
 
 def test_tp_by_fsdp_one_gather_per_block_equal_results():
     _check(_spawn(4, tp=True, odd_rows=4))
+
+
+# ---------------------------------------------------------------------------
+# Real recipes, launched as a user would (slow tier)
+
+DEEPSEEK_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
+RECIPES = {
+    # name: (ranks, module, config, extra flags)
+    "llama-selective-ac": (2, None, None, []),
+    "llama-full-ac": (2, None, None, ["activation-checkpoint:full"]),
+    "deepseek-tp2-fsdp2": (4, DEEPSEEK_MODULE,
+                           "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", []),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_losses_equal_without_bucketing(tmp_path, name):
+    """Same seed and data with and without --compile.no-bucketing: every
+    step-line loss equal, and the first and last loss of the run summary
+    (full precision) within 1e-6."""
+    import json
+
+    from conftest import FAST, run_train
+    from runlog import DEBUG_CONFIG, LLAMA_MODULE
+
+    ranks, module, config, extra = RECIPES[name]
+    summaries, steps = {}, {}
+    for flag in ([], ["--compile.no-bucketing"]):
+        # Trainer flags first; a subcommand (activation-checkpoint:...) ends the line.
+        args = [*FAST, "--training.steps", "4", "--debug.seed", "7", *flag, *extra]
+        dump = tmp_path / ("off" if flag else "on")
+        run = run_train(args, ngpu=ranks, module=module or LLAMA_MODULE,
+                        config=config or DEBUG_CONFIG, dump_folder=dump, timeout=900)
+        assert run.returncode == 0, run.output[-4000:]
+        assert ("SimpleFSDP bucketing:" in run.output) == (not flag), run.output[-4000:]
+        summaries[bool(flag)] = json.loads((dump / "run_summary.json").read_text())
+        steps[bool(flag)] = [s.loss for s in run.steps]
+    assert len(steps[False]) == 4 and steps[False] == steps[True], steps
+    for key in ("loss_first", "loss_last"):
+        on, off = summaries[False][key], summaries[True][key]
+        assert abs(on - off) <= 1e-6 * abs(off), (key, on, off)

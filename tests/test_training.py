@@ -2,8 +2,8 @@
 
 Proves: a 2-rank run of the SimpleFSDP Llama recipe trains (finite, falling
 loss, a real memory figure); the compiled forward graph holds the FSDP
-all-gathers, the backward graph the reduce-scatters and the recomputed
-all-gathers (reshard after forward), and gradient clipping is its own compiled
+all-gathers (one per block: bucketing), the backward graph the
+reduce-scatters and the recomputed all-gathers (reshard after forward), and gradient clipping is its own compiled
 graph with the norm's all-reduce; with packed documents under causal attention
 the run says which share of attention pairs crosses a document boundary. TP layouts and gradient accumulation are
 trained in test_correctness.py and test_deepseek.py, the full-AC recipe in
@@ -66,13 +66,16 @@ def test_two_rank_run_trains_and_graphs_hold_fsdp_collectives(tmp_path):
     model_fw = max(forward, key=lambda c: c[ALL_GATHER])
     model_bw = max(backward, key=lambda c: c[REDUCE_SCATTER])
     # The debug model has 45 parameter tensors, all sharded over the 2 ranks;
-    # lm_head is applied by the chunked loss outside the model graph, so the
-    # model graph gathers the other 44 and reduce-scatters their 44 gradients.
-    assert model_fw[ALL_GATHER] == 44
-    assert model_bw[REDUCE_SCATTER] == 44
+    # lm_head is applied by the chunked loss outside the model graph. Bucketing
+    # (on by default) gathers each of the 6 blocks' 7 tensors at once, so the
+    # model graph gathers 6 buckets plus the token embedding and the final
+    # norm, and reduce-scatters as many (44 of each with --compile.no-bucketing,
+    # tests/test_bucketing.py).
+    assert model_fw[ALL_GATHER] == 8
+    assert model_bw[REDUCE_SCATTER] == 8
     # Reshard after forward: backward gathers the parameters again (all but
     # the token embedding, whose weight backward does not read).
-    assert model_bw[ALL_GATHER] == 43
+    assert model_bw[ALL_GATHER] == 7
     # Compiled gradient clipping: a separate graph reducing the norm.
     assert any(c[ALL_REDUCE] and not c[ALL_GATHER] for c in forward)
 

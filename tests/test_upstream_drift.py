@@ -90,6 +90,19 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.simple_fsdp:_register_parametrization":
             "b2aa13e02ff73300",
     },
+    "simple-fsdp-bucketing": {
+        "torchtitan.experiments.graph_trainer.simple_fsdp:_register_parametrization":
+            "b2aa13e02ff73300",
+        "torchtitan.experiments.graph_trainer.simple_fsdp:ReplicateComputation.replicate_compute":
+            "c0071e5062e70acb",
+        "torchtitan.experiments.graph_trainer.simple_fsdp:ReplicateComputation.forward":
+            "3db7f1ac581ae5ae",
+        "torchtitan.experiments.graph_trainer.common_utils:apply_simple_fsdp":
+            "ac3da2d32b8ace0a",
+    },
+    "dynamo-side-effects-under-ac": {
+        "torch._dynamo.side_effects:SideEffects.check_allowed_side_effect": "2b80bc87546e1d2e",
+    },
     "sac-cache-hash": {
         "torch._functorch._aot_autograd.autograd_cache:_get_context_fn_cache_hash":
             "155b120eea3284a2",
