@@ -15,10 +15,12 @@ AOTAutograd (the path every backend, ``neuron`` included, receives):
   Dynamo refuses the bucketed block under AC (the upstream behaviour the
   ``simple-fsdp-bucketing`` row of docs/upstream-workarounds.md rests on).
 
-The trained losses of real recipes with and without bucketing are compared
-in tests/test_training.py (slow tier).
+The losses of real recipes trained with and without bucketing are compared
+at the end of this file.
 
-Tier: e2e (spawns 2 and 4 processes; about 40 s on the 2-core machine).
+Tier: e2e; the 2-rank FSDP test in ``make test`` (14 s on the 2-core
+machine), the 4-rank TP x FSDP test (36 s) and the real recipes in
+``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_bucketing.py -q
 """
 
@@ -200,6 +202,7 @@ def test_fsdp_one_gather_per_block_equal_results_with_uneven_rows():
         assert "Unsafe side effect" in out["without_flag"], out["without_flag"]
 
 
+@pytest.mark.slow
 def test_tp_by_fsdp_one_gather_per_block_equal_results():
     _check(_spawn(4, tp=True, odd_rows=4))
 
