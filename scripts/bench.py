@@ -15,9 +15,11 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
   default passes, 2 ranks;
 - ``simplefsdp`` on 1 rank (nothing to shard) and on 4 ranks: scaling at a
   fixed global batch (the local batch shrinks as ranks grow);
-- on the debug model, ``simplefsdp_bucketing`` (upstream's
-  ``transformer_block_bucketing`` pass) and ``simplefsdp_aot_eager`` (the
-  aot_eager backend instead of inductor): what each buys.
+- on the debug model, ``simplefsdp_no_bucketing`` (one gather per parameter,
+  ``--compile.no-bucketing``), ``simplefsdp_bucketing`` (upstream's
+  ``transformer_block_bucketing`` inductor pass on top) and
+  ``simplefsdp_aot_eager`` (the aot_eager backend instead of inductor): what
+  each buys.
 
 Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
 cache (cold first step), the later ones reuse it (warm). A launch reports the
@@ -54,6 +56,7 @@ BENCH = "scripts.bench_recipes"
 # The mode of each cell: which recipe of the model, and what it adds.
 MODES = {
     "simplefsdp": ("simplefsdp", []),
+    "simplefsdp_no_bucketing": ("simplefsdp", ["--compile.no-bucketing"]),
     "simplefsdp_bucketing": ("simplefsdp", ["--compile.passes", "transformer_block_bucketing"]),
     "simplefsdp_aot_eager": ("simplefsdp", ["--compile.backend", "aot_eager"]),
     "fsdp2": ("fsdp2", []),
@@ -81,7 +84,8 @@ class Model:
 # on the tiny model, what the bucketing pass and the compile backend buy.
 SIDE_BY_SIDE = [("simplefsdp", 2), ("fsdp2", 2), ("aot_fx_trace", 2)]
 SCALING = [("simplefsdp", 1), ("simplefsdp", 4)]
-VARIANTS = [("simplefsdp_bucketing", 2), ("simplefsdp_aot_eager", 2)]
+VARIANTS = [("simplefsdp_no_bucketing", 2), ("simplefsdp_bucketing", 2),
+            ("simplefsdp_aot_eager", 2)]
 
 MODELS = {
     "tiny": Model("Llama 3 debug (6.2 M)", 512, 8,
@@ -135,7 +139,9 @@ class Cell:
             return "aot_fx_trace (aot_eager)"
         match = _BACKEND.search(self.ok()[0].output)
         backend = "aot_eager" if self.mode.endswith("aot_eager") else (match[1] if match else "?")
-        return f"jit ({backend})" + (" + bucketing" if "bucketing" in self.mode else "")
+        if self.mode == "simplefsdp_no_bucketing":
+            return f"jit ({backend}), per-parameter gathers"
+        return f"jit ({backend})" + (" + inductor bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:
         if self.mode == "aot_fx_trace":
@@ -266,7 +272,8 @@ def plot(cells: list[Cell], models: dict[str, Model], path: Path, title: str):
 
 
 _COLORS = {"simplefsdp": "tab:blue", "fsdp2": "tab:orange", "aot_fx_trace": "tab:green",
-           "simplefsdp_bucketing": "tab:purple", "simplefsdp_aot_eager": "tab:brown"}
+           "simplefsdp_bucketing": "tab:purple", "simplefsdp_aot_eager": "tab:brown",
+           "simplefsdp_no_bucketing": "tab:cyan"}
 
 
 def bars(figures: dict[str, list[tuple[str, int, tuple[float, float] | None]]],

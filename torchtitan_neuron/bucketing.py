@@ -130,15 +130,15 @@ def _gather(group_name, param_dtype, reduce_dtype, layout, *shards):
             t = torch.cat([t, t.new_zeros((pad_rows - t.shape[0], *t.shape[1:]))])
         padded.append(t.reshape(-1))
     full = _GatherBucket.apply(torch.cat(padded), group_name, param_dtype, reduce_dtype)
-    world = full.numel() // sum(p.numel() for p in padded)
-    full = full.view(world, -1)
-    out, start = [], 0
-    for p, (rows, pad_rows, shape) in zip(padded, layout):
-        n = p.numel()
-        # Rank r's rows are r * pad_rows onward (torch.chunk's split, which
-        # DTensor's Shard(0) uses); the padding is at the end.
-        out.append(full[:, start:start + n].reshape(world * pad_rows, *shape[1:])[:rows])
-        start += n
+    sizes = [p.numel() for p in padded]
+    world = full.numel() // sum(sizes)
+    # One split (its backward is one cat into the flat gradient), then each
+    # parameter's rows from every rank: rank r's rows are r * pad_rows onward
+    # (torch.chunk's split, which DTensor's Shard(0) uses), padding at the end.
+    out = []
+    for part, (rows, pad_rows, shape) in zip(full.view(world, -1).split(sizes, dim=1), layout):
+        t = part.reshape(world * pad_rows, *shape[1:])
+        out.append(t if rows == world * pad_rows else t[:rows])
     return tuple(out)
 
 
