@@ -83,7 +83,8 @@ def _counting_backend(counts: dict):
     return functools.partial(aot_eager, fw_compiler=compiler("fw"), bw_compiler=compiler("bw"))
 
 
-def _build(dims, tp: bool, ac: bool, bucket: bool, odd_rows: int):
+def _build(dims, tp: bool, ac: bool, bucket: bool, odd_rows: int,
+           param_dtype: str = "float32"):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         checkpoint_wrapper,
     )
@@ -106,12 +107,13 @@ def _build(dims, tp: bool, ac: bool, bucket: bool, odd_rows: int):
     if ac:
         for name, block in list(model.layers.items()):
             model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
-    training = SimpleNamespace(mixed_precision_param="float32",
+    training = SimpleNamespace(mixed_precision_param=param_dtype,
                                mixed_precision_reduce="float32")
     model = apply_simple_fsdp(model, parallel_dims=dims, training=training)
     reshard_after_forward(model)
     if bucket:
-        assert bucket_blocks(model, torch.float32, torch.float32) == (BLOCKS, 4 * BLOCKS)
+        assert bucket_blocks(model, getattr(torch, param_dtype),
+                             torch.float32) == (BLOCKS, 4 * BLOCKS)
     return model
 
 
@@ -211,12 +213,15 @@ def test_tp_by_fsdp_one_gather_per_block_equal_results():
 # Real recipes, launched as a user would (slow tier)
 
 DEEPSEEK_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
+FP32 = ["--training.mixed_precision_param", "float32"]
 RECIPES = {
     # name: (ranks, module, config, extra flags)
-    "llama-selective-ac": (2, None, None, []),
-    "llama-full-ac": (2, None, None, ["activation-checkpoint:full"]),
-    "deepseek-tp2-fsdp2": (4, DEEPSEEK_MODULE,
-                           "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", []),
+    # the recipe's bf16 gathers and fp32 reduce-scatters (_GatherBucket)
+    "llama-selective-ac-bf16": (2, None, None, []),
+    # fp32 throughout (torch's differentiable functional all-gather)
+    "llama-full-ac-fp32": (2, None, None, [*FP32, "activation-checkpoint:full"]),
+    "deepseek-tp2-fsdp2-fp32": (4, DEEPSEEK_MODULE,
+                                "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", FP32),
 }
 
 

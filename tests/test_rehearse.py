@@ -6,7 +6,9 @@ neuron branch, and its run goes through that branch's code paths (device and
 process group ``neuron``, NeuronCore counting, the per-rank NEFF cache, the
 step line's memory figure read after ``torch.neuron.synchronize()``, the
 ``neuron`` compile backend resolved to the stand-in, SDPA on the fused op);
-the DeepSeek debug SimpleFSDP recipe at 4 ranks and an eager recipe are
+the model graphs handed to the ``neuron`` backend hold one all-gather and
+one reduce-scatter per block (bucketing); the DeepSeek debug SimpleFSDP
+recipe at 4 ranks and an eager recipe are
 ``ready``; a recipe whose model calls ``.item()`` in forward is ``not
 ready`` naming that file and line; a bad recipe exits 2 through
 ``COMM_MODE=rehearse ./run_train.sh``. Unit tests check the graph checks on
@@ -69,6 +71,13 @@ def test_debug_llama_is_ready_and_runs_the_neuron_branch():
     # and attention reaches the fused op TorchNeuron implements.
     assert report["collectives"]["all_gather_into_tensor"]["count"] > 0
     assert report["collectives"]["reduce_scatter_tensor"]["count"] > 0
+    # The backend receives the bucketed collectives: the model's forward graph
+    # gathers the 6 blocks' buckets, the token embedding and the final norm (8,
+    # not 44), its backward reduce-scatters as many (tests/test_bucketing.py).
+    by_kind = {kind: [g["collectives"] for g in report["graphs"]
+                      if g["name"].split(".")[1] == kind] for kind in ("forward", "backward")}
+    assert max(c.get("all_gather_into_tensor", 0) for c in by_kind["forward"]) == 8
+    assert max(c.get("reduce_scatter_tensor", 0) for c in by_kind["backward"]) == 8
     assert "aten._scaled_dot_product_fused_attention_overrideable" in report["ops"]
     assert "aten._scaled_dot_product_fused_attention_overrideable_backward" in report["ops"]
     assert report["graph_breaks"] == [] and report["recompiles"] == []

@@ -57,16 +57,29 @@ class _GatherBucket(torch.autograd.Function):
     @staticmethod
     def forward(ctx, flat, group_name: str, param_dtype, reduce_dtype):
         ctx.group_name, ctx.reduce_dtype, ctx.dtype = group_name, reduce_dtype, flat.dtype
-        if param_dtype is not None:
-            flat = flat.to(param_dtype)
-        return funcol.wait_tensor(funcol.all_gather_tensor(flat, 0, group_name))
+        return funcol.wait_tensor(funcol.all_gather_tensor(flat.to(param_dtype), 0, group_name))
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.reduce_dtype is not None:
-            grad = grad.to(ctx.reduce_dtype)
+        grad = grad.to(ctx.reduce_dtype)
         out = funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 0, ctx.group_name)
         return funcol.wait_tensor(out).to(ctx.dtype), None, None, None
+
+
+def _all_gather(flat, group_name: str, param_dtype, reduce_dtype):
+    """The bucket's all-gather in param_dtype; its backward reduce-scatters
+    (sum) in reduce_dtype.
+
+    When the two dtypes agree: torch's own differentiable functional
+    all-gather (backward: reduce-scatter, sum). Otherwise ``_GatherBucket``,
+    an autograd.Function, which AOTAutograd's cache does not take ("Can't
+    cache HigherOrderOperator: autograd_function_apply"): a new process
+    traces and compiles the model graphs again (docs/architecture.md)."""
+    if param_dtype is None or reduce_dtype is None or param_dtype == reduce_dtype:
+        if param_dtype is not None:
+            flat = flat.to(param_dtype)  # autograd casts the gradient back
+        return funcol.wait_tensor(funcol.all_gather_single(flat, 0, group_name))
+    return _GatherBucket.apply(flat, group_name, param_dtype, reduce_dtype)
 
 
 @dataclass(frozen=True)
@@ -105,9 +118,10 @@ def _entry(module: nn.Module, name: str, param: DTensor, fsdp_size: int) -> _Ent
     return _Entry(module, name, rows, math.ceil(rows / fsdp_size), tuple(shape), tp)
 
 
-def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
-    """The block's FSDP-sharded parameters, by FSDP process group."""
-    groups: dict[str, list[_Entry]] = {}
+def _groups(block: nn.Module) -> dict[str, tuple]:
+    """The block's FSDP-sharded parameters, by FSDP process group: name ->
+    (1-D FSDP mesh, entries)."""
+    groups: dict[str, tuple] = {}
     for module in block.modules():
         if not type(module).__name__.startswith("SimpleFSDP"):
             continue
@@ -117,7 +131,7 @@ def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
             fsdp = param.device_mesh[param.device_mesh.mesh_dim_names[0]] \
                 if param.device_mesh.ndim > 1 else param.device_mesh
             group_name = fsdp.get_group().group_name
-            groups.setdefault(group_name, []).append(
+            groups.setdefault(group_name, (fsdp, []))[1].append(
                 _entry(module, name, param, fsdp.size()))
     return groups
 
@@ -129,7 +143,7 @@ def _gather(group_name, param_dtype, reduce_dtype, layout, *shards):
         if t.shape[0] < pad_rows:
             t = torch.cat([t, t.new_zeros((pad_rows - t.shape[0], *t.shape[1:]))])
         padded.append(t.reshape(-1))
-    full = _GatherBucket.apply(torch.cat(padded), group_name, param_dtype, reduce_dtype)
+    full = _all_gather(torch.cat(padded), group_name, param_dtype, reduce_dtype)
     sizes = [p.numel() for p in padded]
     world = full.numel() // sum(sizes)
     # One split (its backward is one cat into the flat gradient), then each
@@ -148,7 +162,7 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int
     Returns (blocks bucketed, parameters bucketed)."""
     blocks = params = 0
     for block in model.layers.values():
-        groups = {g: es for g, es in _groups(block).items() if len(es) >= 2}
+        groups = {g: (mesh, es) for g, (mesh, es) in _groups(block).items() if len(es) >= 2}
         if not groups:
             continue
         # Inside the block's AC region, so the gathered parameters are
@@ -162,14 +176,14 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int
         _install(inner, groups, param_dtype, reduce_dtype)
         setattr(block, BUCKETED, True)
         blocks += 1
-        params += sum(len(es) for es in groups.values())
+        params += sum(len(es) for _, es in groups.values())
     return blocks, params
 
 
-def _install(block: nn.Module, groups: dict[str, list[_Entry]], param_dtype, reduce_dtype):
+def _install(block: nn.Module, groups: dict[str, tuple], param_dtype, reduce_dtype):
     forward = block.forward
-    plan = [(g, es, tuple((e.rows, e.pad_rows, e.shape) for e in es))
-            for g, es in groups.items()]
+    plan = [(group_name, es, tuple((e.rows, e.pad_rows, e.shape) for e in es))
+            for group_name, (_, es) in groups.items()]
 
     def bucketed_forward(*args, **kwargs):
         if not simple_fsdp._active_parametrization:
@@ -191,7 +205,7 @@ def _install(block: nn.Module, groups: dict[str, list[_Entry]], param_dtype, red
                 e.module.__dict__[_BUCKET].pop(e.name, None)
 
     block.forward = bucketed_forward
-    for cls in {type(e.module) for es in groups.values() for e in es}:
+    for cls in {type(e.module) for _, es in groups.values() for e in es}:
         override_getters(cls)
 
 
