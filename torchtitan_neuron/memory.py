@@ -303,20 +303,32 @@ class StorageTracker(TorchDispatchMode):
 
 
 def state_bytes(trainer) -> dict[str, int]:
+    """Bytes of the parameters, gradients, optimizer state and buffers, each
+    storage counted once: gradients can be views of one flat buffer (a
+    bucket's reduce-scatter output, FSDP2's), which holds them all."""
+    seen: set = set()
+
+    def nbytes(t: torch.Tensor) -> int:
+        storage = _local(t).untyped_storage()
+        if storage._cdata in seen:
+            return 0
+        seen.add(storage._cdata)
+        return storage.nbytes()
+
     params = grads = buffers = 0
     for part in trainer.model_parts:
         for p in part.parameters():
-            params += _local(p).untyped_storage().nbytes()
+            params += nbytes(p)
             if p.grad is not None:
-                grads += _local(p.grad).untyped_storage().nbytes()
+                grads += nbytes(p.grad)
         for b in part.buffers():
-            buffers += _local(b).untyped_storage().nbytes()
+            buffers += nbytes(b)
     opt = 0
     for optimizer in trainer.optimizers.optimizers:
         for state in optimizer.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
-                    opt += _local(v).untyped_storage().nbytes()
+                    opt += nbytes(v)
     return {"sharded_parameters": params, "gradients": grads,
             "optimizer_state": opt, "buffers": buffers}
 

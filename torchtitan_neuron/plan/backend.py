@@ -132,14 +132,34 @@ def recorded_outputs(gm, args: list) -> list:
     (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
     args.clear()  # a boxed program owns its inputs, as when it runs
 
-    def make(node):
-        val = node.meta["val"] if isinstance(node, torch.fx.Node) else node
+    def extent(val) -> int:
+        return val.storage_offset() + 1 + sum(
+            (n - 1) * st for n, st in zip(val.shape, val.stride()) if n > 0)
+
+    def key(val):
+        return (val.untyped_storage()._cdata, val.dtype)
+
+    # Outputs that are views of one storage in the graph (a bucket's
+    # gradients, views of its flat reduce-scatter output) share one storage
+    # here too, sized to the furthest of them.
+    vals = [n.meta["val"] if isinstance(n, torch.fx.Node) else n for n in outputs]
+    sizes: dict = {}
+    for val in vals:
+        if isinstance(val, torch.Tensor) and val.numel():
+            sizes[key(val)] = max(sizes.get(key(val), 0), extent(val))
+    flats: dict = {}
+
+    def make(val):
         if not isinstance(val, torch.Tensor):
             return val
-        extent = val.storage_offset() + 1 + sum(
-            (n - 1) * st for n, st in zip(val.shape, val.stride()) if n > 0)
         with fake_mode:
-            flat = torch.empty(extent if val.numel() else 0, dtype=val.dtype, device=val.device)
+            if not val.numel():
+                flat = torch.empty(0, dtype=val.dtype, device=val.device)
+            else:
+                if key(val) not in flats:
+                    flats[key(val)] = torch.empty(sizes[key(val)], dtype=val.dtype,
+                                                  device=val.device)
+                flat = flats[key(val)]
             return flat.as_strided(val.shape, val.stride(), val.storage_offset())
 
-    return [make(n) for n in outputs]
+    return [make(v) for v in vals]
