@@ -43,8 +43,6 @@ from torch.utils.checkpoint import checkpoint
 from torchtitan.experiments.graph_trainer import simple_fsdp
 
 _BUCKET = "_torchtitan_neuron_bucket"
-# Set on a block whose forward is bucketed.
-BUCKETED = "_torchtitan_neuron_bucketed"
 # The mesh dims upstream's apply_simple_fsdp shards over (common_utils.py).
 FSDP_DIMS = ("fsdp", "efsdp")
 
@@ -118,10 +116,9 @@ def _entry(module: nn.Module, name: str, param: DTensor, fsdp_size: int) -> _Ent
     return _Entry(module, name, rows, math.ceil(rows / fsdp_size), tuple(shape), tp)
 
 
-def _groups(block: nn.Module) -> dict[str, tuple]:
-    """The block's FSDP-sharded parameters, by FSDP process group: name ->
-    (1-D FSDP mesh, entries)."""
-    groups: dict[str, tuple] = {}
+def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
+    """The block's FSDP-sharded parameters, by FSDP process group name."""
+    groups: dict[str, list[_Entry]] = {}
     for module in block.modules():
         if not type(module).__name__.startswith("SimpleFSDP"):
             continue
@@ -131,7 +128,7 @@ def _groups(block: nn.Module) -> dict[str, tuple]:
             fsdp = param.device_mesh[param.device_mesh.mesh_dim_names[0]] \
                 if param.device_mesh.ndim > 1 else param.device_mesh
             group_name = fsdp.get_group().group_name
-            groups.setdefault(group_name, (fsdp, []))[1].append(
+            groups.setdefault(group_name, []).append(
                 _entry(module, name, param, fsdp.size()))
     return groups
 
@@ -162,7 +159,7 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int
     Returns (blocks bucketed, parameters bucketed)."""
     blocks = params = 0
     for block in model.layers.values():
-        groups = {g: (mesh, es) for g, (mesh, es) in _groups(block).items() if len(es) >= 2}
+        groups = {g: es for g, es in _groups(block).items() if len(es) >= 2}
         if not groups:
             continue
         # Inside the block's AC region, so the gathered parameters are
@@ -174,16 +171,15 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int
         torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         _install(inner, groups, param_dtype, reduce_dtype)
-        setattr(block, BUCKETED, True)
         blocks += 1
-        params += sum(len(es) for _, es in groups.values())
+        params += sum(len(es) for es in groups.values())
     return blocks, params
 
 
-def _install(block: nn.Module, groups: dict[str, tuple], param_dtype, reduce_dtype):
+def _install(block: nn.Module, groups: dict[str, list[_Entry]], param_dtype, reduce_dtype):
     forward = block.forward
     plan = [(group_name, es, tuple((e.rows, e.pad_rows, e.shape) for e in es))
-            for group_name, (_, es) in groups.items()]
+            for group_name, es in groups.items()]
 
     def bucketed_forward(*args, **kwargs):
         if not simple_fsdp._active_parametrization:
@@ -205,7 +201,7 @@ def _install(block: nn.Module, groups: dict[str, tuple], param_dtype, reduce_dty
                 e.module.__dict__[_BUCKET].pop(e.name, None)
 
     block.forward = bucketed_forward
-    for cls in {type(e.module) for _, es in groups.values() for e in es}:
+    for cls in {type(e.module) for es in groups.values() for e in es}:
         override_getters(cls)
 
 
