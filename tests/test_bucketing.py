@@ -7,6 +7,8 @@ AOTAutograd (the path every backend, ``neuron`` included, receives):
   parameter, the backward graph one re-gather per block (parameters are
   still resharded after forward) and one reduce-scatter per block instead of
   one per gradient;
+- a size bound (``bucket_mib``) cuts a block into several buckets, three
+  here, with three gathers, re-gathers and reduce-scatters per block;
 - outputs and every parameter's gradient equal the per-parameter gathers'
   to 1e-6 in fp32, with no AC and with full AC per block, on FSDP2 with a
   parameter whose 3 rows do not split evenly over 2 ranks (padded), and on
@@ -111,9 +113,14 @@ def _build(dims, tp: bool, ac: bool, bucket: bool, odd_rows: int,
                                mixed_precision_reduce="float32")
     model = apply_simple_fsdp(model, parallel_dims=dims, training=training)
     reshard_after_forward(model)
-    if bucket:
+    if bucket == "split":
+        # A bound of 80 fp32 elements: [a.weight (64), a.bias (8)], [b.weight
+        # (64)], [odd (its padded rows)] per block.
+        assert bucket_blocks(model, getattr(torch, param_dtype), torch.float32,
+                             bucket_mib=80 * 4 / 2**20) == (BLOCKS, 4 * BLOCKS, 3 * BLOCKS)
+    elif bucket:
         assert bucket_blocks(model, getattr(torch, param_dtype),
-                             torch.float32) == (BLOCKS, 4 * BLOCKS)
+                             torch.float32) == (BLOCKS, 4 * BLOCKS, BLOCKS)
     return model
 
 
@@ -141,7 +148,7 @@ def _worker(rank: int, world: int, port: int, tp: bool, odd_rows: int, results):
         out = {}
         for ac in (False, True):
             runs = {}
-            for bucket in (False, True):
+            for bucket in (False, True) if tp else (False, True, "split"):
                 torch._dynamo.reset()
                 counts: dict = {}
                 model = _build(dims, tp, ac, bucket, odd_rows)
@@ -151,6 +158,12 @@ def _worker(rank: int, world: int, port: int, tp: bool, odd_rows: int, results):
                 out_diff=(o0 - o1).abs().max().item(),
                 grad_diff={n: (g0[n] - g1[n]).abs().max().item() for n in g0},
                 before=c0, after=c1)
+            if "split" in runs:
+                o2, g2, c2 = runs["split"]
+                out[ac].update(split_out_diff=(o0 - o2).abs().max().item(),
+                               split_grad_diff=max((g0[n] - g2[n]).abs().max().item()
+                                                   for n in g0),
+                               split=c2)
         if not tp:
             # Upstream Dynamo refuses the hand-off under AC without the flag.
             torch._dynamo.reset()
@@ -195,6 +208,15 @@ def _check(results: dict):
             assert BLOCKS < before[f"bw_{AG}"] <= params, before
             assert r["after"] == {f"fw_{AG}": BLOCKS, f"bw_{AG}": BLOCKS,
                                   f"bw_{RS}": BLOCKS}, (rank, ac, r["after"])
+            if "split" in r:
+                # A size bound of 3 buckets per block: 3 gathers and 3
+                # reduce-scatters per block; the partitioner may save a small
+                # bucket's gather rather than recompute it, as it saves tiny
+                # per-parameter ones.
+                split = r["split"]
+                assert r["split_out_diff"] <= 1e-6 and r["split_grad_diff"] <= 1e-6, r
+                assert split[f"fw_{AG}"] == split[f"bw_{RS}"] == 3 * BLOCKS, (rank, ac, split)
+                assert BLOCKS <= split[f"bw_{AG}"] <= 3 * BLOCKS, (rank, ac, split)
 
 
 def test_fsdp_one_gather_per_block_equal_results_with_uneven_rows():

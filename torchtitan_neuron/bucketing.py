@@ -12,6 +12,13 @@ all of its FSDP-sharded parameters:
 - the backward of that gather is one reduce-scatter of the flat gradient in
   ``reduce_dtype``.
 
+A bucket holds at most ``bucket_mib`` MiB in the wider of the two dtypes
+(the flat gather or the flat gradient); a block that needs more gets several,
+its parameters in order, and a parameter over the bound is a bucket of its
+own. The default, 512 MiB, is the Neuron runtime's default scratchpad page:
+under paged scratchpad a tensor over a page is allocated on its own
+(docs/planner.md), which an unbounded bucket of a large MoE block would be.
+
 It is expressed with functional collectives inside the block's forward, so
 the graph every compile backend receives (``neuron``, inductor, aot_eager)
 already has one collective per block; nothing depends on a backend's own
@@ -88,6 +95,7 @@ class _Entry:
     pad_rows: int  # rows every FSDP rank contributes: ceil(rows / FSDP degree)
     shape: tuple[int, ...]  # the gathered (TP-local) shape on this rank
     tp: tuple | None  # (TP mesh, TP placements) to re-wrap with, or None
+    numel: int  # elements it adds to the bucket's gathered flat tensor, padding included
 
 
 def _fsdp_sharded(param) -> bool:
@@ -113,7 +121,9 @@ def _entry(module: nn.Module, name: str, param: DTensor, fsdp_size: int) -> _Ent
             param.shape, mesh, (Replicate(),) + tp_placements)
         tp = (mesh[tuple(mesh.mesh_dim_names[1:])], tp_placements)
     rows = shape[0]
-    return _Entry(module, name, rows, math.ceil(rows / fsdp_size), tuple(shape), tp)
+    pad_rows = math.ceil(rows / fsdp_size)
+    return _Entry(module, name, rows, pad_rows, tuple(shape), tp,
+                  fsdp_size * pad_rows * math.prod(shape[1:]))
 
 
 def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
@@ -153,13 +163,35 @@ def _gather(group_name, param_dtype, reduce_dtype, layout, *shards):
     return tuple(out)
 
 
-def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int]:
-    """Give each block of ``model.layers`` one gather per FSDP mesh.
+def _split(entries: list[_Entry], limit: int) -> list[list[_Entry]]:
+    """``entries`` in order, cut into runs of at most ``limit`` elements
+    (an entry over it alone)."""
+    buckets: list[list[_Entry]] = []
+    size = limit + 1
+    for e in entries:
+        if size + e.numel > limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(e)
+        size += e.numel
+    return buckets
 
-    Returns (blocks bucketed, parameters bucketed)."""
-    blocks = params = 0
+
+def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype,
+                  bucket_mib: float = 512) -> tuple[int, int, int]:
+    """Give each block of ``model.layers`` one gather per FSDP mesh, or a
+    few where its parameters exceed ``bucket_mib``.
+
+    Returns (blocks bucketed, parameters bucketed, buckets)."""
+    if bucket_mib <= 0:
+        raise ValueError(f"--compile.bucket_mib must be a positive number of MiB, "
+                         f"got {bucket_mib}")
+    itemsize = max((d or torch.float32).itemsize for d in (param_dtype, reduce_dtype))
+    limit = int(bucket_mib * 2**20) // itemsize
+    blocks = params = count = 0
     for block in model.layers.values():
-        groups = {g: es for g, es in _groups(block).items() if len(es) >= 2}
+        groups = [(g, chunk) for g, es in _groups(block).items() if len(es) >= 2
+                  for chunk in _split(es, limit)]
         if not groups:
             continue
         # Inside the block's AC region, so the gathered parameters are
@@ -172,14 +204,16 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype) -> tuple[int, int
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         _install(inner, groups, param_dtype, reduce_dtype)
         blocks += 1
-        params += sum(len(es) for es in groups.values())
-    return blocks, params
+        params += sum(len(es) for _, es in groups)
+        count += len(groups)
+    return blocks, params, count
 
 
-def _install(block: nn.Module, groups: dict[str, list[_Entry]], param_dtype, reduce_dtype):
+def _install(block: nn.Module, groups: list[tuple[str, list[_Entry]]], param_dtype,
+             reduce_dtype):
     forward = block.forward
     plan = [(group_name, es, tuple((e.rows, e.pad_rows, e.shape) for e in es))
-            for group_name, es in groups.items()]
+            for group_name, es in groups]
 
     def bucketed_forward(*args, **kwargs):
         if not simple_fsdp._active_parametrization:
@@ -201,7 +235,7 @@ def _install(block: nn.Module, groups: dict[str, list[_Entry]], param_dtype, red
                 e.module.__dict__[_BUCKET].pop(e.name, None)
 
     block.forward = bucketed_forward
-    for cls in {type(e.module) for es in groups.values() for e in es}:
+    for cls in {type(e.module) for _, es in groups for e in es}:
         override_getters(cls)
 
 

@@ -86,6 +86,12 @@ class NeuronCompileConfig(GraphTrainerCompileConfig):
     --compile.no-bucketing gathers each parameter on its own, as upstream's
     SimpleFSDP does."""
 
+    bucket_mib: int = 512
+    """The largest bucket, in MiB of the wider of param and reduce dtype; a
+    block whose parameters need more is gathered in several. 512 is the
+    Neuron runtime's default scratchpad page, above which paged scratchpad
+    allocates a tensor on its own."""
+
 
 def require_jit_mode(compile_config) -> None:
     """SimpleFSDP on this path runs only in jit mode: refuse anything else."""

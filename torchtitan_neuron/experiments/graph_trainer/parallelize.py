@@ -69,13 +69,16 @@ def parallelize_simple_fsdp(
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     reshard_after_forward(model)
     if getattr(compile_config, "bucketing", True) and parallel_dims.fsdp_enabled:
-        blocks, params = bucket_blocks(
+        bucket_mib = getattr(compile_config, "bucket_mib", 512)
+        blocks, params, buckets = bucket_blocks(
             model,
             TORCH_DTYPE_MAP[training.mixed_precision_param],
             TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+            bucket_mib,
         )
-        logger.info(f"SimpleFSDP bucketing: {params} parameters in {blocks} blocks "
-                    "gathered once per block (--compile.no-bucketing: per parameter)")
+        logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
+                    f"{buckets} gathers of at most {bucket_mib} MiB "
+                    "(--compile.no-bucketing: per parameter)")
     return apply_compile(
         model,
         compile_config=compile_config,
