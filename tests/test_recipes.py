@@ -130,6 +130,19 @@ def test_plain_fsdp_recipe(name):
     assert _layout(config, 64).dp_shard == 64
 
 
+def test_bucketing_flags(capsys):
+    config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_8b")
+    assert (config.compile.bucketing, config.compile.bucket_mib) == (True, 512)
+    config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_8b", "--compile.no-bucketing",
+                   "--compile.bucket_mib", "256")
+    assert (config.compile.bucketing, config.compile.bucket_mib) == (False, 256)
+    with pytest.raises(SystemExit) as exc:
+        parse(GRAPH_LLAMA, "simple_fsdp_llama3_8b", "--compile.bucket_mib", "0")
+    assert exc.value.code != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--compile.bucket_mib 0 is not a bucket size" in err, err
+
+
 @pytest.mark.parametrize("mode", ["aot_fx_trace"])
 def test_non_jit_mode_is_refused_at_parse_time(mode, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -104,6 +104,17 @@ def require_jit_mode(compile_config) -> None:
         )
 
 
+def require_bucket_bound(compile_config) -> None:
+    """A bucket bound must be a positive size."""
+    mib = getattr(compile_config, "bucket_mib", 512)
+    if mib <= 0:
+        raise ValueError(
+            f"--compile.bucket_mib {mib} is not a bucket size: give a positive number "
+            "of MiB (default 512), or --compile.no-bucketing to gather each parameter "
+            "on its own."
+        )
+
+
 def resolve_compile_backend(compile_config: CompileConfig) -> None:
     """Replace a platform-bound backend (``neuron``) with the local compiler."""
     plat = platform.current()
@@ -425,3 +436,4 @@ class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
             # zero-argument super() does not work in slots dataclasses.
             GraphTrainer.Config.__post_init__(self)
             require_jit_mode(self.compile)
+            require_bucket_bound(self.compile)
