@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: install train test test-fast test-slow check-errors bench bench-cache bench-plan \
-	bench-documents bench-hf clean
+	bench-documents bench-hf bench-ceiling clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -51,6 +51,11 @@ check-errors: install
 # Not part of `make test`. Narrow it: make bench BENCH_ARGS="--models tiny".
 bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+# What the machine lets the bench's MFU reach: the matmul peak with one and
+# with both cores busy, and each bench model's own matmuls (about 3 minutes).
+bench-ceiling: install
+	$(PY) scripts/bench_ceiling.py $(BENCH_ARGS)
 
 # First step with a cold and a warm compile cache (about 3 minutes).
 bench-cache: install

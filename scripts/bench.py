@@ -19,7 +19,8 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
   ``--compile.no-bucketing``), ``simplefsdp_bucketing`` (upstream's
   ``transformer_block_bucketing`` inductor pass on top) and
   ``simplefsdp_aot_eager`` (the aot_eager backend instead of inductor): what
-  each buys.
+  each buys; ``simplefsdp_overlap`` (``--compile.overlap_collectives``,
+  inductor's compute/communication reordering) on request (``--cells``).
 
 Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
 cache (cold first step), the later ones reuse it (warm). A launch reports the
@@ -59,6 +60,7 @@ MODES = {
     "simplefsdp_no_bucketing": ("simplefsdp", ["--compile.no-bucketing"]),
     "simplefsdp_bucketing": ("simplefsdp", ["--compile.passes", "transformer_block_bucketing"]),
     "simplefsdp_aot_eager": ("simplefsdp", ["--compile.backend", "aot_eager"]),
+    "simplefsdp_overlap": ("simplefsdp", ["--compile.overlap_collectives"]),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
 }
@@ -141,6 +143,8 @@ class Cell:
         backend = "aot_eager" if self.mode.endswith("aot_eager") else (match[1] if match else "?")
         if self.mode == "simplefsdp_no_bucketing":
             return f"jit ({backend}), per-parameter gathers"
+        if self.mode == "simplefsdp_overlap":
+            return f"jit ({backend}), collectives reordered"
         return f"jit ({backend})" + (" + inductor bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:

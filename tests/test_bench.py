@@ -112,3 +112,32 @@ def test_plot_draws_a_panel_per_model_with_readable_labels(tmp_path):
     assert [t.get_text() for t in tiny.texts] == ["1000 tokens/s, 1.00 s/step", " failed"]
     assert [t.get_text() for t in medium.get_yticklabels()] == ["fsdp2, 1 rank"]
     assert [t.get_text() for t in medium.texts] == ["200 tokens/s, 2.00 s/step"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek"])
+def test_ceiling_counts_every_matmul_of_the_model(name):
+    """scripts/bench_ceiling.py times the model's forward and backward
+    matmuls: 6 x tokens x weights FLOPs for every linear layer, and for the
+    routed experts the tokens top-k routing gives each, on average."""
+    import torch
+
+    import bench_ceiling
+    from torchtitan.config import ConfigManager
+
+    shapes, tokens = bench_ceiling.model_gemms(name, ranks=2)
+    model = bench.MODELS[name]
+    assert tokens == model.global_batch // 2 * model.seq_len
+    config = ConfigManager().parse_args(["--module", model.simplefsdp[0],
+                                         "--config", model.simplefsdp[1]])
+    with torch.device("meta"):
+        built = config.model_spec.model.build()
+    dense = sum(m.weight.numel() for m in built.modules() if isinstance(m, torch.nn.Linear))
+    expected = 6 * tokens * dense
+    for pname, p in built.named_parameters():
+        if p.dim() == 3 and "experts" in pname:
+            experts = p.shape[0]
+            top_k = next(m for n, m in built.named_modules()
+                         if pname.startswith(n + ".") and hasattr(m, "router")).router.top_k
+            expected += 6 * (tokens * top_k // experts) * p.numel()
+    assert sum(2 * m * k * n * c for m, k, n, c in shapes) == expected
+    assert (name == "deepseek") == (expected > 6 * tokens * dense)

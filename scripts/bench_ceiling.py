@@ -1,0 +1,159 @@
+"""What this machine lets `make bench`'s MFU reach, measured without training.
+
+    .venv/bin/python scripts/bench_ceiling.py [--models tiny,medium,deepseek]
+        [--ranks 2] [--repeats 7]
+
+`make bench` reports MFU against the fp32 matmul peak of one thread (a
+2048^3 ``torch.mm``, the other core idle) and compares the 2-rank MFU with
+the same model's 1-rank MFU. Two things bound those figures before any
+training code runs, and this script measures both, 1 thread per process:
+
+- **Both cores busy.** The 2048^3 matmul timed in one process alone, then in
+  ``--ranks`` processes started together (what a 2-rank run's compute
+  threads do). ``concurrent_vs_alone`` is the fraction of the 1-thread peak
+  each process keeps when the other core works too: a 2-rank run cannot
+  beat ``concurrent_vs_alone`` times its 1-rank MFU by compute alone.
+- **The model's own matmuls.** Every linear layer of the bench model (and,
+  for MoE, each routed expert's weights at the tokens top-k routing gives
+  it on average) as the three matmuls of its forward and backward
+  (``x @ W.T``, ``dy @ W``, ``dy.T @ x``), at the tokens one of ``--ranks``
+  ranks processes per micro-batch, timed alone and concurrently. The
+  FLOP-weighted throughput over the 2048^3 peak is the MFU the run would
+  have if attention, the norms, the loss, the optimizer and communication
+  took no time at all: an upper bound on ``mfu_vs_matmul_peak``.
+
+Prints ``key=value`` lines; nothing is written.
+"""
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import MODELS  # noqa: E402
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_seconds(repeats: int, n: int = 2048) -> tuple[float, float]:
+    """(FLOPs, median seconds) of one n^3 fp32 matmul."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3, _timed(lambda: torch.mm(a, b), repeats)
+
+
+def gemm_seconds(shapes: list[tuple[int, int, int, int]], repeats: int) -> tuple[float, float]:
+    """(FLOPs, seconds) of ``count`` x (m, k) @ (k, n) per shape, summed."""
+    import torch
+
+    flops = seconds = 0.0
+    for m, k, n, count in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        flops += count * 2 * m * k * n
+        seconds += count * _timed(lambda: torch.mm(a, b), repeats)
+    return flops, seconds
+
+
+def _worker(barrier, queue, what, args):
+    import torch
+
+    torch.set_num_threads(1)
+    barrier.wait()
+    queue.put(what(*args))
+
+
+def together(processes: int, what, *args) -> list[tuple[float, float]]:
+    """``what(*args)`` in ``processes`` spawned processes started at once."""
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(barrier, queue, what, args))
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
+def model_gemms(name: str, ranks: int) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The bench model's forward and backward matmuls at one rank's
+    micro-batch, as (m, k, n, count); and the tokens."""
+    import torch
+    from torchtitan.config import ConfigManager
+
+    model = MODELS[name]
+    module, recipe = model.simplefsdp
+    local_batch = model.global_batch // ranks
+    config = ConfigManager().parse_args(["--module", module, "--config", recipe])
+    with torch.device("meta"):
+        built = config.model_spec.model.build()
+    tokens = local_batch * model.seq_len
+    shapes: dict[tuple[int, int, int], int] = {}
+
+    def add(m, k, n):
+        # x @ W.T (forward), dy @ W (input gradient), dy.T @ x (weight gradient)
+        for shape in ((m, k, n), (m, n, k), (n, m, k)):
+            shapes[shape] = shapes.get(shape, 0) + 1
+
+    for mod in built.modules():
+        if isinstance(mod, torch.nn.Linear):
+            add(tokens, mod.in_features, mod.out_features)
+    for pname, p in built.named_parameters():
+        # Routed experts: [experts, a, b] weights, each expert seeing
+        # tokens * top_k / experts tokens on average.
+        if p.dim() == 3 and "experts" in pname:
+            moe = next(m for n_, m in built.named_modules()
+                       if pname.startswith(n_ + ".") and hasattr(m, "router"))
+            top_k = moe.router.top_k
+            experts, a, b = p.shape
+            per_expert = max(1, tokens * top_k // experts)
+            for _ in range(experts):
+                add(per_expert, b if pname.endswith("w2") else a,
+                    a if pname.endswith("w2") else b)
+    return [(m, k, n, c) for (m, k, n), c in shapes.items()], tokens
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,medium,deepseek")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    opts = parser.parse_args()
+
+    (flops, alone), = together(1, peak_seconds, opts.repeats)
+    busy = together(opts.ranks, peak_seconds, opts.repeats)
+    peak = flops / alone
+    busy_gflops = [f / s / 1e9 for f, s in busy]
+    ratio = statistics.mean(busy_gflops) / (peak / 1e9)
+    print(f"matmul_peak_gflops={peak / 1e9:.1f} (fp32, 1 thread, 2048^3, alone)")
+    print(f"matmul_gflops_concurrent={','.join(f'{g:.1f}' for g in busy_gflops)} "
+          f"({opts.ranks} processes at once) concurrent_vs_alone={ratio:.3f}", flush=True)
+    for name in opts.models.split(","):
+        shapes, tokens = model_gemms(name, opts.ranks)
+        (f1, s1), = together(1, gemm_seconds, shapes, opts.repeats)
+        both = together(opts.ranks, gemm_seconds, shapes, opts.repeats)
+        s2 = statistics.mean(s for _, s in both)
+        print(f"model={name} tokens_per_rank={tokens} gemm_shapes={len(shapes)} "
+              f"gemm_vs_peak_alone={f1 / s1 / peak:.3f} "
+              f"gemm_vs_peak_concurrent={f1 / s2 / peak:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
