@@ -136,6 +136,9 @@ def test_bucketing_flags(capsys):
     config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_8b", "--compile.no-bucketing",
                    "--compile.bucket_mib", "256")
     assert (config.compile.bucketing, config.compile.bucket_mib) == (False, 256)
+    assert not config.compile.overlap_collectives
+    config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_8b", "--compile.overlap_collectives")
+    assert config.compile.overlap_collectives
     with pytest.raises(SystemExit) as exc:
         parse(GRAPH_LLAMA, "simple_fsdp_llama3_8b", "--compile.bucket_mib", "0")
     assert exc.value.code != 0
@@ -230,3 +233,25 @@ def test_promote_carries_every_field_and_loses_none_unasked():
     # The same objects, not copies: a recipe's later edits reach the result.
     assert again.model_spec is config.model_spec and again.model is config.model
     assert again == config
+
+
+def test_overlap_collectives_sets_inductor_reordering_only_for_inductor():
+    import torch._inductor.config as inductor_config
+
+    from torchtitan_neuron.experiments.graph_trainer.parallelize import (
+        OVERLAP_PASSES,
+        overlap_collectives,
+    )
+
+    with inductor_config.patch(reorder_for_compute_comm_overlap=False,
+                               reorder_for_compute_comm_overlap_passes=[]):
+        for backend in ("neuron", "aot_eager"):
+            assert not overlap_collectives(backend)
+            assert not inductor_config.reorder_for_compute_comm_overlap
+        assert overlap_collectives("inductor")
+        assert inductor_config.reorder_for_compute_comm_overlap
+        assert inductor_config.reorder_for_compute_comm_overlap_passes == OVERLAP_PASSES
+        # Each pass is one inductor knows by name.
+        from torch._inductor import comms
+
+        assert all(callable(getattr(comms, name)) for name in OVERLAP_PASSES)

@@ -100,6 +100,14 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.common_utils:apply_simple_fsdp":
             "ac3da2d32b8ace0a",
     },
+    "inductor-collective-overlap": {
+        # The built-in passes --compile.overlap_collectives names, and the
+        # scheduler entry that runs them.
+        "torch._inductor.comms:sink_waits": "2cb639af5d38bfc8",
+        "torch._inductor.comms:raise_comms": "9229369c603391b1",
+        "torch._inductor.comms:reorder_compute_for_overlap": "4f522a862ef08002",
+        "torch._inductor.comms:reorder_compute_and_comm_for_overlap": "d9aa38d5f6b2fbfe",
+    },
     "dynamo-side-effects-under-ac": {
         "torch._dynamo.side_effects:SideEffects.check_allowed_side_effect": "2b80bc87546e1d2e",
     },

@@ -86,6 +86,14 @@ class NeuronCompileConfig(GraphTrainerCompileConfig):
     --compile.no-bucketing gathers each parameter on its own, as upstream's
     SimpleFSDP does."""
 
+    overlap_collectives: bool = False
+    """With the inductor backend, inductor's compute/communication reordering
+    (``torch._inductor.config.reorder_for_compute_comm_overlap`` with its
+    ``sink_waits``, ``raise_comms`` and ``reorder_compute_for_overlap``
+    passes): gathers start earlier and waits move later, holding gathered
+    buckets longer. Other backends (``neuron``, ``aot_eager``) schedule their
+    own graphs and ignore it (docs/benchmarks.md)."""
+
     bucket_mib: int = 512
     """The largest bucket, in MiB of the wider of param and reduce dtype; a
     block whose parameters need more is gathered in several. 512 is the

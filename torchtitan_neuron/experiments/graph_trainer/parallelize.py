@@ -79,6 +79,8 @@ def parallelize_simple_fsdp(
         logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
                     f"{buckets} gathers of at most {bucket_mib} MiB "
                     "(--compile.no-bucketing: per parameter)")
+    if getattr(compile_config, "overlap_collectives", False) and compile_config.enable:
+        overlap_collectives(compile_config.backend)
     return apply_compile(
         model,
         compile_config=compile_config,
@@ -247,3 +249,24 @@ def annotate_gpt_oss(model) -> None:
 
 def parallelize_gpt_oss(model, **kwargs):
     return parallelize_simple_fsdp(model, annotate=annotate_gpt_oss, **kwargs)
+
+
+# torch._inductor.config's built-in reordering passes, in execution order.
+OVERLAP_PASSES = ["sink_waits", "raise_comms", "reorder_compute_for_overlap"]
+
+
+def overlap_collectives(backend: str) -> bool:
+    """Turn on inductor's compute/communication reordering for ``backend``
+    ``inductor`` (``--compile.overlap_collectives``); other backends never
+    run inductor's scheduler. Returns whether it was applied."""
+    if backend != "inductor":
+        logger.info(f"--compile.overlap_collectives: compile backend {backend} is not "
+                    "inductor, left as it is")
+        return False
+    import torch._inductor.config as inductor_config
+
+    inductor_config.reorder_for_compute_comm_overlap = True
+    inductor_config.reorder_for_compute_comm_overlap_passes = list(OVERLAP_PASSES)
+    logger.info("--compile.overlap_collectives: inductor reorders collectives against "
+                f"compute ({', '.join(OVERLAP_PASSES)})")
+    return True
