@@ -13,6 +13,7 @@ Run: .venv/bin/python -m pytest tests/test_recipes.py -q
 """
 
 import pytest
+import torch
 
 from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
@@ -144,6 +145,13 @@ def test_bucketing_flags(capsys):
     assert exc.value.code != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "--compile.bucket_mib 0 is not a bucket size" in err, err
+    # The default bound is the Neuron runtime's default scratchpad page, and a
+    # direct caller of bucket_blocks() gets the same refusal as the flag.
+    from torchtitan_neuron.bucketing import bucket_blocks
+    from torchtitan_neuron.plan.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
+    assert config.compile.bucket_mib == NEURON_DEFAULT_SCRATCHPAD_PAGE_MB == 512
+    with pytest.raises(ValueError, match="--compile.bucket_mib -1 is not a bucket size"):
+        bucket_blocks(torch.nn.Module(), torch.bfloat16, torch.float32, bucket_mib=-1)
 
 
 @pytest.mark.parametrize("mode", ["aot_fx_trace"])

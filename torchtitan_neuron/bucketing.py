@@ -49,6 +49,12 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import checkpoint
 from torchtitan.experiments.graph_trainer import simple_fsdp
 
+from torchtitan_neuron.plan.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
+
+# The default bound: above one paged-scratchpad page, a tensor is allocated
+# on its own (plan/neuron.py).
+DEFAULT_BUCKET_MIB = NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
+
 _BUCKET = "_torchtitan_neuron_bucket"
 # The mesh dims upstream's apply_simple_fsdp shards over (common_utils.py).
 FSDP_DIMS = ("fsdp", "efsdp")
@@ -177,15 +183,24 @@ def _split(entries: list[_Entry], limit: int) -> list[list[_Entry]]:
     return buckets
 
 
+def require_positive_bound(bucket_mib: float) -> None:
+    """A bucket bound must be a positive size (checked when the config is
+    parsed, before any rank starts)."""
+    if bucket_mib <= 0:
+        raise ValueError(
+            f"--compile.bucket_mib {bucket_mib} is not a bucket size: give a positive "
+            f"number of MiB (default {DEFAULT_BUCKET_MIB}), or --compile.no-bucketing to "
+            "gather each parameter on its own."
+        )
+
+
 def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype,
-                  bucket_mib: float = 512) -> tuple[int, int, int]:
+                  bucket_mib: float = DEFAULT_BUCKET_MIB) -> tuple[int, int, int]:
     """Give each block of ``model.layers`` one gather per FSDP mesh, or a
     few where its parameters exceed ``bucket_mib``.
 
     Returns (blocks bucketed, parameters bucketed, buckets)."""
-    if bucket_mib <= 0:
-        raise ValueError(f"--compile.bucket_mib must be a positive number of MiB, "
-                         f"got {bucket_mib}")
+    require_positive_bound(bucket_mib)
     itemsize = max((d or torch.float32).itemsize for d in (param_dtype, reduce_dtype))
     limit = int(bucket_mib * 2**20) // itemsize
     blocks = params = count = 0

@@ -37,6 +37,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform, run_report
+from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB, require_positive_bound
 from torchtitan_neuron.checkpoint import make_saves_atomic
 from torchtitan_neuron.hf import install_export
 from torchtitan_neuron.config_utils import promote
@@ -94,7 +95,7 @@ class NeuronCompileConfig(GraphTrainerCompileConfig):
     buckets longer. Other backends (``neuron``, ``aot_eager``) schedule their
     own graphs and ignore it (docs/benchmarks.md)."""
 
-    bucket_mib: int = 512
+    bucket_mib: int = DEFAULT_BUCKET_MIB
     """The largest bucket, in MiB of the wider of param and reduce dtype; a
     block whose parameters need more is gathered in several. 512 is the
     Neuron runtime's default scratchpad page, above which paged scratchpad
@@ -114,13 +115,7 @@ def require_jit_mode(compile_config) -> None:
 
 def require_bucket_bound(compile_config) -> None:
     """A bucket bound must be a positive size."""
-    mib = getattr(compile_config, "bucket_mib", 512)
-    if mib <= 0:
-        raise ValueError(
-            f"--compile.bucket_mib {mib} is not a bucket size: give a positive number "
-            "of MiB (default 512), or --compile.no-bucketing to gather each parameter "
-            "on its own."
-        )
+    require_positive_bound(getattr(compile_config, "bucket_mib", DEFAULT_BUCKET_MIB))
 
 
 def resolve_compile_backend(compile_config: CompileConfig) -> None:

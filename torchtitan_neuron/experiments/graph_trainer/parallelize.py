@@ -35,7 +35,7 @@ from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
     reshard_after_forward,
 )
-from torchtitan_neuron.bucketing import bucket_blocks
+from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB, bucket_blocks
 from torchtitan_neuron.model_layout import divisors
 
 
@@ -69,7 +69,7 @@ def parallelize_simple_fsdp(
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     reshard_after_forward(model)
     if getattr(compile_config, "bucketing", True) and parallel_dims.fsdp_enabled:
-        bucket_mib = getattr(compile_config, "bucket_mib", 512)
+        bucket_mib = getattr(compile_config, "bucket_mib", DEFAULT_BUCKET_MIB)
         blocks, params, buckets = bucket_blocks(
             model,
             TORCH_DTYPE_MAP[training.mixed_precision_param],
