@@ -20,7 +20,8 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
   ``transformer_block_bucketing`` inductor pass on top) and
   ``simplefsdp_aot_eager`` (the aot_eager backend instead of inductor): what
   each buys; ``simplefsdp_overlap`` (``--compile.overlap_collectives``,
-  inductor's compute/communication reordering) on request (``--cells``).
+  inductor's compute/communication reordering) and ``simplefsdp_no_ac``
+  (``activation-checkpoint:none``, nothing recomputed) on request (``--cells``).
 
 Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
 cache (cold first step), the later ones reuse it (warm). A launch reports the
@@ -61,6 +62,8 @@ MODES = {
     "simplefsdp_bucketing": ("simplefsdp", ["--compile.passes", "transformer_block_bucketing"]),
     "simplefsdp_aot_eager": ("simplefsdp", ["--compile.backend", "aot_eager"]),
     "simplefsdp_overlap": ("simplefsdp", ["--compile.overlap_collectives"]),
+    # A subcommand (activation-checkpoint:...) goes last on the command line.
+    "simplefsdp_no_ac": ("simplefsdp", ["activation-checkpoint:none"]),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
 }
@@ -174,19 +177,21 @@ def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
              overrides: list[str], threads: int = 1) -> None:
     recipe, mode_args = MODES[cell.mode]
     module, config = getattr(model, recipe)
+    subcommands = [a for a in mode_args if a.startswith("activation-checkpoint:")]
     args = ["--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
             "--metrics.log_freq", "1", "--debug.seed", "0",
             "--training.mixed_precision_param", "float32",
             "--training.steps", str(steps), "--training.seq_len", str(model.seq_len),
             "--training.global_batch_size", str(model.global_batch),
             "--training.local_batch_size", str(model.global_batch // cell.ranks),
-            *model.extra, *mode_args, *overrides]
+            *model.extra, *(a for a in mode_args if a not in subcommands), *overrides,
+            *subcommands]
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         env = {"OMP_NUM_THREADS": str(threads), "TORCHTITAN_NEURON_CPU_PEAK_FLOPS": f"{peak:.6e}",
                "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "compile-cache")}
         for n in range(launches):
-            run = launch([*args, f"--dump_folder={tmp}/out{n}"], ngpu=cell.ranks,
-                         module=module, config=config, env=env)
+            run = launch(args, ngpu=cell.ranks, module=module, config=config, env=env,
+                         dump_folder=Path(tmp) / f"out{n}")
             cell.launches.append(run)
             if run.returncode != 0 or not run.steps:
                 lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]

@@ -141,3 +141,22 @@ def test_ceiling_counts_every_matmul_of_the_model(name):
             expected += 6 * (tokens * top_k // experts) * p.numel()
     assert sum(2 * m * k * n * c for m, k, n, c in shapes) == expected
     assert (name == "deepseek") == (expected > 6 * tokens * dense)
+
+
+@pytest.mark.parametrize("overrides", [[], ["--training.steps", "3"]])
+def test_an_ac_subcommand_mode_ends_the_command_line(monkeypatch, overrides):
+    # tyro reads everything after ``activation-checkpoint:none`` as that
+    # subcommand's options, so the mode's subcommand must come after the
+    # trainer flags, the user's overrides and the dump folder.
+    seen = []
+
+    def fake_launch(args, *, dump_folder=None, **kwargs):
+        seen.append(["./run_train.sh", f"--dump_folder={dump_folder}", *args])
+        return Run(0, "", 1.0)
+
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    cell = bench.Cell("tiny", "simplefsdp_no_ac", 2)
+    bench.run_cell(cell, bench.MODELS["tiny"], 1, 4, 1e9, overrides)
+    assert seen and seen[0][-1] == "activation-checkpoint:none", seen
+    assert seen[0].count("activation-checkpoint:none") == 1
+    assert overrides == seen[0][-1 - len(overrides):-1]
