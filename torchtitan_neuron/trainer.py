@@ -113,11 +113,6 @@ def require_jit_mode(compile_config) -> None:
         )
 
 
-def require_bucket_bound(compile_config) -> None:
-    """A bucket bound must be a positive size."""
-    require_positive_bound(getattr(compile_config, "bucket_mib", DEFAULT_BUCKET_MIB))
-
-
 def resolve_compile_backend(compile_config: CompileConfig) -> None:
     """Replace a platform-bound backend (``neuron``) with the local compiler."""
     plat = platform.current()
@@ -439,4 +434,4 @@ class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
             # zero-argument super() does not work in slots dataclasses.
             GraphTrainer.Config.__post_init__(self)
             require_jit_mode(self.compile)
-            require_bucket_bound(self.compile)
+            require_positive_bound(getattr(self.compile, "bucket_mib", DEFAULT_BUCKET_MIB))
