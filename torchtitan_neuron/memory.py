@@ -110,6 +110,14 @@ class StorageTracker(TorchDispatchMode):
         self.scratchpad_large: dict[int, int] = {}
         self.large_var_bytes: int | None = None
         self.large_vars: dict[int, list[tuple[int, tuple]]] = {}
+        # Peaks per segment of the step, off unless ``track_segments`` is
+        # called: the block class the ops run in, the programs run so far,
+        # each program's index in order of first run.
+        self.block: str | None = None
+        self._blocks: tuple[int, int] | None = None
+        self._runs = 0
+        self._program_index: dict[int, int] = {}
+        self.segment_peaks: dict | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -129,6 +137,30 @@ class StorageTracker(TorchDispatchMode):
             return "logits_and_loss"
         return "temporaries"
 
+    def track_segments(self, head: int, layers: int) -> None:
+        """Also keep the peaks of each segment of the step: a compiled
+        program's run (or the eager ops after it) and, within it, the ops of
+        one transformer block, told by its place in a model of ``layers``
+        blocks whose first ``head`` differ from the rest (``block_class``).
+        The planner's shallow traces report them (plan/depth.py)."""
+        self._blocks = (head, layers)
+        self.segment_peaks = {"op": {}, "tensor": {}, "scratch": {}}
+
+    def enter_block(self, index: int | None) -> None:
+        """The ops that follow belong to transformer block ``index`` (None:
+        to no block)."""
+        if self._blocks is not None:
+            self.block = None if index is None else block_class(index, *self._blocks)
+
+    def _segment(self) -> str:
+        run = str(self._runs) if self._program is not None else f"after{self._runs}"
+        return f"{run}|{self.block}"
+
+    def _note(self, level: str, key: str, current: int, by_category: dict) -> None:
+        peaks = self.segment_peaks[level]
+        if current > peaks.get(key, (-1,))[0]:
+            peaks[key] = (current, dict(by_category))
+
     def _free(self, key: int) -> None:
         size, category = self.live.pop(key, (0, None))
         self._made_by.pop(key, None)
@@ -141,7 +173,7 @@ class StorageTracker(TorchDispatchMode):
             self.tensor_by_category[category] -= size
         elif self._program is not None and key in self._program["local"]:
             serial = self._program["local"].pop(key)
-            self._program["events"].append((serial, -size))
+            self._program["events"].append((serial, -size, self.block))
 
     def _alias(self, src: torch.Tensor, out: torch.Tensor) -> None:
         """``wait_tensor`` returns its input on real tensors; FakeTensors give
@@ -166,6 +198,8 @@ class StorageTracker(TorchDispatchMode):
         if self.tensor_current > self.tensor_peak:
             self.tensor_peak = self.tensor_current
             self.tensor_peak_by_category = dict(self.tensor_by_category)
+        if self.segment_peaks is not None:
+            self._note("tensor", self._segment(), self.tensor_current, self.tensor_by_category)
 
     @contextlib.contextmanager
     def program(self, program_id: int):
@@ -185,21 +219,26 @@ class StorageTracker(TorchDispatchMode):
         if self._program is not None:  # nested: part of the outer program
             yield
             return
+        self._runs += 1
+        self.block = None
         self._program = {"local": {}, "events": [], "made_by": {}, "entry": self.tensor_current,
                          "entry_by_category": dict(self.tensor_by_category)}
         try:
             yield
         finally:
             prog, self._program = self._program, None
+            self.block = None
             outputs = [k for k in prog["local"] if k in self.live]
             out_bytes = sum(self.live[k][0] for k in outputs)
             # Inputs freed while it ran were still held by the program.
+            by_cat = defaultdict(int, prog["entry_by_category"])
+            for k in outputs:
+                by_cat[self.live[k][1]] += self.live[k][0]
             if prog["entry"] + out_bytes > self.tensor_peak:
-                by_cat = defaultdict(int, prog["entry_by_category"])
-                for k in outputs:
-                    by_cat[self.live[k][1]] += self.live[k][0]
                 self.tensor_peak = prog["entry"] + out_bytes
                 self.tensor_peak_by_category = dict(by_cat)
+            if self.segment_peaks is not None:
+                self._note("tensor", f"{self._runs}|end", prog["entry"] + out_bytes, by_cat)
             for k in outputs:
                 self._add_tensor(k, *self.live[k])
             outs = {prog["local"][k] for k in outputs}
@@ -211,7 +250,9 @@ class StorageTracker(TorchDispatchMode):
             large = large_peak = 0
             live_large: dict[int, int] = {}
             large_vars: list = []
-            for serial, size in prog["events"]:
+            # Per block segment: (need, large) peaks, for shallow traces.
+            by_block: dict = {}
+            for serial, size, block in prog["events"]:
                 if serial in outs:
                     continue
                 current += size
@@ -225,7 +266,14 @@ class StorageTracker(TorchDispatchMode):
                     if large > large_peak:
                         large_peak = large
                         large_vars = [(b, prog["made_by"].get(k)) for k, b in live_large.items()]
+                if self.segment_peaks is not None and size > 0:
+                    need, big = by_block.get(block, (0, 0))
+                    by_block[block] = (max(need, current), max(big, large))
             self.scratchpad_need[program_id] = max(self.scratchpad_need.get(program_id, 0), peak)
+            if self.segment_peaks is not None:
+                index = self._program_index.setdefault(program_id, len(self._program_index))
+                for block, (need, big) in by_block.items():
+                    self.segment_peaks["scratch"][f"{self._runs}|{block}"] = (index, need, big)
             if large_peak >= self.scratchpad_large.get(program_id, 0):
                 self.scratchpad_large[program_id] = large_peak
                 self.large_vars[program_id] = large_vars
@@ -249,11 +297,13 @@ class StorageTracker(TorchDispatchMode):
         if self._program is not None:
             serial = len(self._program["events"])
             self._program["local"][key] = serial
-            self._program["events"].append((serial, size))
+            self._program["events"].append((serial, size, self.block))
             if self.record_peak:
                 self._program["made_by"][serial] = self._made_by.get(key)
         else:
             self._add_tensor(key, size, category)
+        if self.segment_peaks is not None:
+            self._note("op", self._segment(), self.current, self.by_category)
         if self.current > self.peak:
             self.peak = self.current
             self.peak_by_category = dict(self.by_category)
@@ -300,6 +350,20 @@ class StorageTracker(TorchDispatchMode):
             yield
         finally:
             self.phase = previous
+
+
+def block_class(index: int, head: int, layers: int) -> str:
+    """The place of block ``index`` in a stack of ``layers`` blocks whose
+    first ``head`` differ from the rest: ``head<i>`` for those, ``first``
+    and ``second`` of the repeated run, ``penult`` and ``last``, and
+    ``mid`` between. A block's memory is its own pattern plus what the
+    other blocks hold (affine in its index and the depth); the pattern
+    depends on its neighbours, which are alike for ``second``, every
+    ``mid`` and ``penult``, so no ``mid`` block peaks above both."""
+    if index < head:
+        return f"head{index}"
+    named = {head: "first", head + 1: "second", layers - 1: "last", layers - 2: "penult"}
+    return named.get(index, "mid")
 
 
 def state_bytes(trainer) -> dict[str, int]:

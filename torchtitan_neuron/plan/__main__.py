@@ -27,6 +27,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                         help="also list the N largest groups of tensors live at the peak")
     parser.add_argument("--sweep", action="store_true",
                         help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch")
+    parser.add_argument("--every-block", action="store_true",
+                        help="trace every transformer block, not two shallow copies of the model")
+    # One of the two shallow traces (plan/depth.py), run in its own process.
+    parser.add_argument("--layers-traced", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
 
@@ -35,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from torchtitan.tools.logging import init_logger, logger
 
-    from torchtitan_neuron.plan.core import plan
+    from torchtitan_neuron.plan import depth
+    from torchtitan_neuron.plan.core import plan, segment_trace
     from torchtitan_neuron.plan.sweep import sweep
     from torchtitan_neuron.preflight import PreflightError
 
@@ -45,8 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
-    result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
-                  top=max(opts.top, 0))
+    if opts.layers_traced:
+        head, layers = depth.truncate(config, opts.layers_traced)
+        print(json.dumps(segment_trace(config, ngpu=opts.ngpu, target=opts.target,
+                                       head=head, layers=layers)), flush=True)
+        return 0
+    result, why = None, depth.why_every_block(config, opts.every_block, max(opts.top, 0))
+    if why is None:
+        head, layers = depth.layer_run(config)
+        logger.info(f"Planning the {layers}-block model from traces of its first "
+                    f"{head + depth.REDUCED[0]} and {head + depth.REDUCED[1]} blocks "
+                    "(--every-block traces all of them)")
+        result, why = depth.shallow_plan(opts, overrides, config)
+        if result is None:
+            logger.warning(f"Tracing every block: {why}")
+    if result is None:
+        result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
+                      top=max(opts.top, 0))
     if opts.capacity_gib is not None:
         result.capacity_gib = opts.capacity_gib
     if opts.json:

@@ -12,11 +12,53 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from types import SimpleNamespace
 
 import torch
 
 _NAMES = itertools.count()
+# The tracker that marker nodes report to (``mark_blocks``), while one is on.
+_tracking = SimpleNamespace(tracker=None)
+_BLOCK = re.compile(r"(?:^|\W)layers[\W_]*(\d+)")
+
+
+def enter_block(index: int | None) -> None:
+    """A marker node's call: the ops after it are transformer block
+    ``index``'s (None: no block's)."""
+    if _tracking.tracker is not None:
+        _tracking.tracker.enter_block(index)
+
+
+def node_block(node: torch.fx.Node) -> int | None:
+    """The transformer block (``layers.<i>``) a node was traced from: its
+    module stack, or for a backward node its forward node's."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    for path, _ in stack.values():
+        found = _BLOCK.search(str(path))
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def mark_blocks(graph: torch.fx.Graph) -> set[int]:
+    """Insert an ``enter_block`` call wherever the block of the ops changes.
+    Ops traced from no block (a bucket's collective, the loss) stay with
+    the block before them; ops before the first block belong to none (the
+    tracker's state when a program starts). Returns the blocks marked; the
+    markers take and return no tensors, so no lifetime changes."""
+    current, marked = None, set()
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        block = node_block(node)
+        if block is None or block == current:
+            continue
+        with graph.inserting_before(node):
+            graph.call_function(enter_block, (block,))
+        current = block
+        marked.add(block)
+    return marked
 
 
 class PlanBackend:
@@ -28,6 +70,9 @@ class PlanBackend:
 
         self.tracker = None
         self.skip_ops = False
+        # Shallow traces (plan/depth.py): tell the tracker each op's block.
+        self.marks_blocks = False
+        self.marked: list[list[int]] = []  # per graph, the blocks it marked
         # Each partitioned graph's op histogram, named as the rehearsal names
         # them, so a plan can show it traced the graphs the rehearsal checks.
         self.graphs: list = []
@@ -59,11 +104,13 @@ class PlanBackend:
     def tracking(self, tracker):
         """Each program run reports to ``tracker`` as one compiled program."""
         self.tracker = tracker
+        _tracking.tracker = tracker
         try:
             with tracker:
                 yield
         finally:
             self.tracker = None
+            _tracking.tracker = None
 
     def _compile(self, gm, example_inputs):
         from collections import Counter
@@ -75,6 +122,8 @@ class PlanBackend:
         self.graphs.append(Counter(op_name(n.target) for n in gm.graph.nodes
                                    if n.op == "call_function"))
 
+        if self.marks_blocks:
+            self.marked.append(sorted(mark_blocks(gm.graph)))
         gm.graph.set_codegen(_BoxedCodeGen())
         gm.recompile()
         forward = gm.forward

@@ -23,11 +23,38 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     device and torchtitan's fake process group."""
     neuron = target in NEURON_TARGETS
     tracker = StorageTracker(record_peak=top > 0)
-    mode, why = scratchpad_mode() if neuron else (None, "")
     if neuron:
         tracker.large_var_bytes = paged_page_bytes()
     trainer, state, backend = (_neuron_trace if neuron else _host_trace)(
         config, ngpu, target, tracker)
+    return assemble(tracker, state, recipe=recipe, ngpu=ngpu, target=target,
+                    layout=layout(config, trainer), trace=trace_facts(backend),
+                    largest=largest_rows(tracker, top, neuron and scratchpad_mode()[0] == "paged"))
+
+
+def segment_trace(config, *, ngpu: int, target: str, head: int, layers: int) -> dict:
+    """Trace as ``plan`` does and return the peaks of each segment of the
+    step (``StorageTracker.track_segments``) for a model of ``layers``
+    blocks, the first ``head`` unlike the rest: what plan/depth.py
+    extrapolates from."""
+    neuron = target in NEURON_TARGETS
+    tracker = StorageTracker()
+    tracker.track_segments(head, layers)
+    if neuron:
+        tracker.large_var_bytes = paged_page_bytes()
+    trainer, state, backend = (_neuron_trace if neuron else _host_trace)(
+        config, ngpu, target, tracker, marks_blocks=True)
+    return {"layers": layers, "state": state, "segments": tracker.segment_peaks,
+            "layout": layout(config, trainer), "trace": trace_facts(backend, counts=True)}
+
+
+def assemble(tracker, state: dict, *, recipe: str, ngpu: int, target: str, layout: dict,
+             trace: dict, largest: list) -> Plan:
+    """The plan from a traced (or extrapolated) step: ``tracker`` has the
+    peaks (``peak``, ``tensor_peak``, each ``*_by_category``) and each
+    program's scratchpad need; ``state`` the persistent bytes."""
+    neuron = target in NEURON_TARGETS
+    mode, why = scratchpad_mode() if neuron else (None, "")
     step_bytes, step_breakdown = step_terms(tracker, CATEGORIES, neuron, mode)
     breakdown = {k: v / GIB for k, v in state.items()}
     breakdown.update(step_breakdown)
@@ -38,40 +65,45 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
             m: (sum(state.values()) + step_terms(tracker, CATEGORIES, True, m)[0]) / GIB
             for m in SCRATCHPAD_MODES}}
     return Plan(
-        recipe=recipe, ngpu=ngpu, target=target, layout=layout(config, trainer),
+        recipe=recipe, ngpu=ngpu, target=target, layout=layout,
         peak_gib=(sum(state.values()) + step_bytes) / GIB,
         capacity_gib=capacity_gib(target, ngpu), breakdown=breakdown,
-        largest=largest_rows(tracker, top, mode == "paged"), trace=trace_facts(backend),
-        scratchpad=scratchpad,
+        largest=largest, trace=trace, scratchpad=scratchpad,
     )
 
 
-def trace_facts(backend) -> dict:
+def trace_facts(backend, counts: bool = False) -> dict:
     """Where the step was traced: the device, the compile backend's name,
-    the partitioned graphs and their ops."""
+    the partitioned graphs and their ops (with ``counts``, also each
+    graph's own op counts)."""
     import torchtitan.tools.utils as tt_utils
 
     ops: Counter = Counter()
     for graph in backend.graphs:
         ops.update(graph)
-    return {"device": tt_utils.device_type, "compile_backend": backend.name,
-            "graphs": len(backend.graphs), "ops": dict(sorted(ops.items()))}
+    facts = {"device": tt_utils.device_type, "compile_backend": backend.name,
+             "graphs": len(backend.graphs), "ops": dict(sorted(ops.items()))}
+    if counts:
+        facts["per_graph"] = [dict(g) for g in backend.graphs]
+        facts["marked_blocks"] = backend.marked
+    return facts
 
 
-def _host_trace(config, ngpu: int, target: str, tracker):
+def _host_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
     from torchtitan_neuron import platform
     from torchtitan_neuron.plan.backend import PlanBackend
     from torchtitan_neuron.plan.trace import build_trainer, fake_world, prepare_config, trace_step
 
     platform.install()
     backend = PlanBackend()
+    backend.marks_blocks = marks_blocks
     prepare_config(config, target, backend)
     with fake_world(ngpu):
         trainer = build_trainer(config, backend)
         return trainer, trace_step(trainer, backend, tracker), backend
 
 
-def _neuron_trace(config, ngpu: int, target: str, tracker):
+def _neuron_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
     from torchtitan_neuron import platform
     from torchtitan_neuron.plan.backend import PlanBackend
     from torchtitan_neuron.plan.trace import build_trainer, neuron_world, prepare_config, trace_step
@@ -79,6 +111,7 @@ def _neuron_trace(config, ngpu: int, target: str, tracker):
 
     with neuron_world(ngpu, target) as (_, _, fake_mode):
         backend = PlanBackend(platform.NEURON_COMPILE_BACKEND)
+        backend.marks_blocks = marks_blocks
         prepare_config(config, target, backend, neuron=True)
         with HostToFakeDevice(fake_mode):
             trainer = build_trainer(config, backend, fake_mode)

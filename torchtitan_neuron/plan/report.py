@@ -40,6 +40,7 @@ class Plan:
         return {
             "recipe": self.recipe, "ngpu": self.ngpu, "target": self.target,
             "layout": self.layout, "peak_gib": round(self.peak_gib, 4),
+            "peak_bytes": round(self.peak_gib * GIB),
             "capacity_gib": round(self.capacity_gib, 4), "fits": self.fits,
             "headroom_gib": round(self.headroom_gib, 4),
             "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
