@@ -2,12 +2,13 @@
 every block.
 
 Proves: the planner finds the run of alike blocks (ignoring their
-depth-scaled initialisation) and DeepSeek's dense first block; each op of
-the compiled graphs is told its block from torch.fx's module-stack meta,
-and ops of no block stay with the block before them; each block is
-classed by its place; segment peaks are extrapolated affinely, ``mid``
-blocks left out, and traces whose segments, graphs or block marks
-disagree make the planner trace every block; and, end to end, the debug
+depth-scaled initialisation) and DeepSeek's dense first block; torch still
+names each forward and backward op's module stack, and each op of the
+compiled graphs is told its block from it, ops of no block staying with the
+block before them; each block is classed by its place; segment peaks are
+extrapolated affinely, ``mid`` blocks left out, and traces whose segments,
+graphs or block marks disagree make the planner trace every block; the
+report says when a plan came from shallow traces; and, end to end, the debug
 Llama (CPU target) and DeepSeek (trn2 target, neuron branch, both
 scratchpad modes) deepened to 14 blocks plan to the byte as they do with
 ``--every-block``.
@@ -110,9 +111,11 @@ def test_torch_names_the_block_of_forward_and_backward_ops():
     blocks = []
 
     def keep(gm, example_inputs):
+        from functorch.compile import make_boxed_func
+
         blocks.append({plan_backend.node_block(n) for n in gm.graph.nodes
                        if n.op == "call_function"} - {None})
-        return gm.forward
+        return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
     compiled = torch.compile(Net(), backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
@@ -187,3 +190,13 @@ def test_shallow_traces_plan_a_deep_model_to_the_byte(args):
     assert shallow["trace"].pop("layers") == 14
     assert "traced_layers" not in every["trace"]
     assert shallow == every
+
+
+def test_the_report_says_a_plan_came_from_shallow_traces():
+    from torchtitan_neuron.plan.report import Plan
+
+    plan = Plan(recipe="r", ngpu=64, target="cpu", layout={}, peak_gib=1.0, capacity_gib=2.0,
+                trace={"traced_layers": [4, 5], "layers": 32})
+    assert "traced: the first 4 and 5 of 32 blocks, extrapolated" in plan.describe()
+    assert "traced:" not in Plan(recipe="r", ngpu=64, target="cpu", layout={}, peak_gib=1.0,
+                                 capacity_gib=2.0).describe()

@@ -67,6 +67,10 @@ class Plan:
                              f"{row['op']} {list(row['shape'])} {row['dtype']}")
         if self.scratchpad:
             lines.append(self._scratchpad_line())
+        if self.trace.get("traced_layers"):
+            first, second = self.trace["traced_layers"]
+            lines.append(f"traced: the first {first} and {second} of {self.trace['layers']} "
+                         "blocks, extrapolated (--every-block traces all)")
         verdict = "fits" if self.fits else "OOM"
         lines.append(
             f"verdict: {verdict} (headroom {self.headroom_gib:+.3f} GiB, "
