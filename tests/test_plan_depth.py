@@ -10,11 +10,11 @@ extrapolated affinely, ``mid`` blocks left out, and traces whose segments,
 graphs or block marks disagree make the planner trace every block; the
 report says when a plan came from shallow traces; and, end to end, the debug
 Llama (CPU target) and DeepSeek (trn2 target, neuron branch, both
-scratchpad modes) deepened to 14 blocks plan to the byte as they do with
-``--every-block``.
+scratchpad modes) deepened to 14 blocks, and the debug GPT-OSS (trn2) to 14
+units of two blocks, plan to the byte as they do with ``--every-block``.
 
-Tier: the two planner comparisons are e2e and slow (about 50 s and 85 s);
-the rest fast.
+Tier: the three planner comparisons are e2e and slow (about 50, 85 and
+150 s); the rest fast.
 Run: .venv/bin/python -m pytest tests/test_plan_depth.py -q
 """
 
@@ -44,21 +44,30 @@ def test_block_classes_name_the_ends_of_the_repeated_run():
     assert [block_class(i, 1, 6) for i in range(6)] == [
         "head0", "first", "second", "mid", "penult", "last"]
     assert [block_class(i, 0, 4) for i in range(4)] == ["first", "second", "penult", "last"]
+    # Units of two blocks, the place in the unit after the dot.
+    assert [block_class(i, 0, 10, 2) for i in range(10)] == [
+        "first.0", "first.1", "second.0", "second.1", "mid.0", "mid.1",
+        "penult.0", "penult.1", "last.0", "last.1"]
 
 
 def test_layer_run_ignores_initialisation_and_finds_the_dense_head():
     llama = _config(LLAMA_MODULE, "simple_fsdp_llama3_8b")
-    assert depth.layer_run(llama) == (0, 32)
+    assert depth.layer_run(llama) == (0, 32, 1)
     deepseek = _config("torchtitan_neuron.experiments.graph_trainer.deepseek_v3",
                        "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16")
-    assert depth.layer_run(deepseek) == (1, 27)
+    assert depth.layer_run(deepseek) == (1, 27, 1)
+    gpt_oss = _config("torchtitan_neuron.experiments.graph_trainer.gpt_oss",
+                      "simple_fsdp_gpt_oss_20b")
+    # Sliding-window and full attention alternate: units of two blocks.
+    assert depth.layer_run(gpt_oss) == (0, 24, 2)
+    assert depth.traced_layers(gpt_oss) == (8, 10)
     assert depth.why_every_block(llama, False, 0) is None
     assert depth.why_every_block(llama, True, 0) == "--every-block"
     assert "--top" in depth.why_every_block(llama, False, 5)
     # A block that builds other modules ends the run.
     layers = llama.model_spec.model.layers
     layers[-1].feed_forward.w1.out_features += 1
-    assert depth.layer_run(llama) == (31, 32)
+    assert depth.layer_run(llama) == (31, 32, 1)
     assert "few enough" in depth.why_every_block(llama, False, 0)
 
 
@@ -134,6 +143,7 @@ def _shallow(blocks: int, slope: int, marks: bool = True) -> dict:
             "op": {"1|last": (1000 + slope * layers, {"saved_activations": slope * layers}),
                    "1|None": (5000, {"temporaries": 5000}),
                    "1|mid": (10**9, {}),  # never read
+                   "1|mid.1": (10**9, {}),
                    },
             "tensor": {"1|end": (2000 + slope * layers, {"saved_activations": slope * layers})},
             "scratch": {"1|first": (0, 300, 0), "2|None": (1, 200 + layers, 0)},
@@ -183,11 +193,12 @@ def _plan(*args: str) -> dict:
     ("--config", "deep_llama3_debugmodel", "--ngpu=2", "--target=cpu",
      "--training.seq_len=1024", "--training.local_batch_size=8"),
     ("--config", "deep_deepseek_v3_debugmodel_tp2_fsdp2", "--ngpu=4", "--target=trn2"),
-], ids=["llama-cpu", "deepseek-trn2"])
+    ("--config", "deep_gpt_oss_debugmodel", "--ngpu=2", "--target=trn2"),
+], ids=["llama-cpu", "deepseek-trn2", "gpt-oss-trn2"])
 def test_shallow_traces_plan_a_deep_model_to_the_byte(args):
     shallow, every = _plan(*args), _plan(*args, "--every-block")
-    assert shallow["trace"].pop("traced_layers") in ([4, 5], [5, 6])
-    assert shallow["trace"].pop("layers") == 14
+    assert shallow["trace"].pop("traced_layers") in ([4, 5], [5, 6], [8, 10])
+    assert shallow["trace"].pop("layers") in (14, 28)
     assert "traced_layers" not in every["trace"]
     assert shallow == every
 

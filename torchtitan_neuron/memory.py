@@ -114,7 +114,7 @@ class StorageTracker(TorchDispatchMode):
         # called: the block class the ops run in, the programs run so far,
         # each program's index in order of first run.
         self.block: str | None = None
-        self._blocks: tuple[int, int] | None = None
+        self._blocks: tuple[int, int, int] | None = None
         self._runs = 0
         self._program_index: dict[int, int] = {}
         self.segment_peaks: dict | None = None
@@ -137,13 +137,14 @@ class StorageTracker(TorchDispatchMode):
             return "logits_and_loss"
         return "temporaries"
 
-    def track_segments(self, head: int, layers: int) -> None:
+    def track_segments(self, head: int, layers: int, period: int = 1) -> None:
         """Also keep the peaks of each segment of the step: a compiled
         program's run (or the eager ops after it) and, within it, the ops of
         one transformer block, told by its place in a model of ``layers``
-        blocks whose first ``head`` differ from the rest (``block_class``).
+        blocks whose first ``head`` differ from the rest, repeated in units
+        of ``period`` (``block_class``).
         The planner's shallow traces report them (plan/depth.py)."""
-        self._blocks = (head, layers)
+        self._blocks = (head, layers, period)
         self.segment_peaks = {"op": {}, "tensor": {}, "scratch": {}}
 
     def enter_block(self, index: int | None) -> None:
@@ -352,18 +353,24 @@ class StorageTracker(TorchDispatchMode):
             self.phase = previous
 
 
-def block_class(index: int, head: int, layers: int) -> str:
+def block_class(index: int, head: int, layers: int, period: int = 1) -> str:
     """The place of block ``index`` in a stack of ``layers`` blocks whose
-    first ``head`` differ from the rest: ``head<i>`` for those, ``first``
-    and ``second`` of the repeated run, ``penult`` and ``last``, and
-    ``mid`` between. A block's memory is its own pattern plus what the
-    other blocks hold (affine in its index and the depth); the pattern
-    depends on its neighbours, which are alike for ``second``, every
-    ``mid`` and ``penult``, so no ``mid`` block peaks above both."""
+    first ``head`` differ from the rest, which repeat in units of ``period``
+    blocks (GPT-OSS alternates two kinds of attention: period 2):
+    ``head<i>`` for the head, and for the repeated run the unit's place,
+    ``first``, ``second``, ``penult``, ``last`` or ``mid`` between (with a
+    period above 1, then ``.<j>``, the block's place in its unit). A block's
+    memory is its own pattern plus what the other blocks hold (affine in its
+    index and the depth); the pattern depends on its neighbours, which are
+    alike for ``second``, every ``mid`` and ``penult``, so no ``mid`` block
+    peaks above both."""
     if index < head:
         return f"head{index}"
-    named = {head: "first", head + 1: "second", layers - 1: "last", layers - 2: "penult"}
-    return named.get(index, "mid")
+    unit, place = divmod(index - head, period)
+    units = (layers - head) // period
+    named = {0: "first", 1: "second", units - 1: "last", units - 2: "penult"}
+    name = named.get(unit, "mid")
+    return name if period == 1 else f"{name}.{place}"
 
 
 def state_bytes(trainer) -> dict[str, int]:

@@ -51,16 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
     if opts.layers_traced:
-        head, layers = depth.truncate(config, opts.layers_traced)
+        head, layers, period = depth.truncate(config, opts.layers_traced)
         print(json.dumps(segment_trace(config, ngpu=opts.ngpu, target=opts.target,
-                                       head=head, layers=layers)), flush=True)
+                                       head=head, layers=layers, period=period)), flush=True)
         return 0
     result, why = None, depth.why_every_block(config, opts.every_block, max(opts.top, 0))
     if why is None:
-        head, layers = depth.layer_run(config)
-        logger.info(f"Planning the {layers}-block model from traces of its first "
-                    f"{head + depth.REDUCED[0]} and {head + depth.REDUCED[1]} blocks "
-                    "(--every-block traces all of them)")
+        first, second = depth.traced_layers(config)
+        logger.info(f"Planning the {depth.layer_run(config)[1]}-block model from traces of "
+                    f"its first {first} and {second} blocks (--every-block traces all of them)")
         result, why = depth.shallow_plan(opts, overrides, config)
         if result is None:
             logger.warning(f"Tracing every block: {why}")

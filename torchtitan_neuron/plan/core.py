@@ -32,14 +32,15 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
                     largest=largest_rows(tracker, top, neuron and scratchpad_mode()[0] == "paged"))
 
 
-def segment_trace(config, *, ngpu: int, target: str, head: int, layers: int) -> dict:
+def segment_trace(config, *, ngpu: int, target: str, head: int, layers: int,
+                  period: int = 1) -> dict:
     """Trace as ``plan`` does and return the peaks of each segment of the
     step (``StorageTracker.track_segments``) for a model of ``layers``
-    blocks, the first ``head`` unlike the rest: what plan/depth.py
-    extrapolates from."""
+    blocks, the first ``head`` unlike the rest, which repeat in units of
+    ``period``: what plan/depth.py extrapolates from."""
     neuron = target in NEURON_TARGETS
     tracker = StorageTracker()
-    tracker.track_segments(head, layers)
+    tracker.track_segments(head, layers, period)
     if neuron:
         tracker.large_var_bytes = paged_page_bytes()
     trainer, state, backend = (_neuron_trace if neuron else _host_trace)(

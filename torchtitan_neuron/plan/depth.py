@@ -2,9 +2,10 @@
 
 Dynamo and AOTAutograd trace every transformer block of the step, and that
 is most of a plan's time (docs/planner.md, "Plan time"). A model's blocks
-after the first few are alike, so the planner traces the recipe twice with
-the repeated run cut to ``REDUCED`` blocks, in two processes at once, and
-extrapolates to the recipe's depth.
+after the first few are alike, or alike in units of a few (GPT-OSS
+alternates two kinds of attention), so the planner traces the recipe twice
+with the repeated run cut to ``REDUCED`` units, in two processes at once,
+and extrapolates to the recipe's depth.
 
 Why that is exact: each trace records the peak of every segment of the
 step, a compiled program's run (or the eager ops after it) and within it the
@@ -12,7 +13,7 @@ ops of one block, told by its place (``memory.block_class``). The bytes
 alive in a segment are its own pattern plus what the other blocks hold (the
 saved activations of the blocks before it, the gradients of those after
 it, the sharded state), which is affine in the depth; so each segment's
-peak is too, and two depths give it at any depth. The blocks between the
+peak is too, and two depths give it at any depth. The units between the
 second and the penultimate, whose number grows with the depth, have the
 same neighbours as those two and peak below one of them. The two traces
 must have the same segments and graphs, or the plan traces every block.
@@ -33,12 +34,13 @@ from types import SimpleNamespace
 
 from torchtitan_neuron.plan.report import Plan
 
-# Blocks of the repeated run in the two shallow traces. Four is the fewest
-# with a ``second`` and a ``penult`` block that differ from ``first`` and
+# Units of the repeated run in the two shallow traces. Four is the fewest
+# with a ``second`` and a ``penult`` unit that differ from ``first`` and
 # ``last``.
 REDUCED = (4, 5)
-# Below this many repeated blocks, tracing all of them costs little more.
+# Below this many repeated units, tracing all of them costs little more.
 MIN_REPEATED = 12
+MAX_PERIOD = 4
 
 
 def _alike(a, b) -> bool:
@@ -55,17 +57,29 @@ def _alike(a, b) -> bool:
     return a == b
 
 
-def layer_run(config) -> tuple[int, int] | None:
-    """(head, layers): the model's block count and how many leading blocks
-    differ from the run of alike blocks that ends it (DeepSeek's dense
-    first block); None when the model has no list of block configs."""
+def layer_run(config) -> tuple[int, int, int] | None:
+    """(head, layers, period): the model's block count, and the run of alike
+    units of ``period`` blocks that ends it, after ``head`` blocks that
+    differ (DeepSeek's dense first block). The period is the shortest
+    (up to ``MAX_PERIOD``) whose run has ``MIN_REPEATED`` units; GPT-OSS
+    alternates sliding-window and full attention, period 2. None when the
+    model has no list of block configs."""
     layers = getattr(getattr(getattr(config, "model_spec", None), "model", None), "layers", None)
     if not isinstance(layers, list) or not layers:
         return None
-    head = len(layers) - 1
-    while head > 0 and _alike(layers[head - 1], layers[-1]):
-        head -= 1
-    return head, len(layers)
+    n = len(layers)
+    runs = []
+    for period in range(1, MAX_PERIOD + 1):
+        head = n - period
+        while head - period >= 0 and all(
+                _alike(layers[head - period + j], layers[head + j]) for j in range(period)):
+            head -= period
+        if head < 0:
+            break
+        runs.append((head, n, period))
+        if (n - head) // period >= MIN_REPEATED:
+            return head, n, period
+    return runs[0]
 
 
 def why_every_block(config, every_block: bool, top: int) -> str | None:
@@ -83,18 +97,24 @@ def why_every_block(config, every_block: bool, top: int) -> str | None:
     run = layer_run(config)
     if run is None:
         return "the model has no list of blocks"
-    head, layers = run
-    if layers - head < MIN_REPEATED:
-        return f"{layers - head} repeated blocks are few enough to trace"
+    head, layers, period = run
+    if (layers - head) // period < MIN_REPEATED:
+        return f"{(layers - head) // period} repeated units are few enough to trace"
     return None
 
 
-def truncate(config, blocks: int) -> tuple[int, int]:
-    """Cut the model to its head and ``blocks`` of its repeated run;
-    returns (head, layers) of the cut model."""
-    head, _ = layer_run(config)
-    config.model_spec.model.layers = config.model_spec.model.layers[:head + blocks]
-    return head, head + blocks
+def traced_layers(config) -> tuple[int, int]:
+    """The block counts of the two shallow traces."""
+    head, _, period = layer_run(config)
+    return tuple(head + period * units for units in REDUCED)
+
+
+def truncate(config, units: int) -> tuple[int, int, int]:
+    """Cut the model to its head and ``units`` units of its repeated run;
+    returns (head, layers, period) of the cut model."""
+    head, _, period = layer_run(config)
+    config.model_spec.model.layers = config.model_spec.model.layers[:head + period * units]
+    return head, head + period * units, period
 
 
 def shallow_traces(opts, overrides: list[str]) -> tuple[list[dict], str | None]:
@@ -102,21 +122,21 @@ def shallow_traces(opts, overrides: list[str]) -> tuple[list[dict], str | None]:
     compile state of its own), run at once; (results, error). Their output
     goes to files, so neither waits on a full pipe while the other runs."""
     runs = []
-    for blocks in REDUCED:
+    for units in REDUCED:
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         cmd = [sys.executable, "-m", "torchtitan_neuron.plan", "--module", opts.module,
                "--config", opts.config, f"--ngpu={opts.ngpu}", f"--target={opts.target}",
-               f"--layers-traced={blocks}", *overrides]
-        runs.append((blocks, subprocess.Popen(cmd, stdout=out, stderr=err), out, err))
+               f"--layers-traced={units}", *overrides]
+        runs.append((units, subprocess.Popen(cmd, stdout=out, stderr=err), out, err))
     results, error = [], None
-    for blocks, proc, out, err in runs:
+    for units, proc, out, err in runs:
         code = proc.wait()
         out.seek(0)
         err.seek(0)
         lines = [l for l in out.read().splitlines() if l.startswith("{")]
         if code != 0 or not lines:
             last = [l for l in err.read().splitlines() if l.strip()][-1:] or ["no output"]
-            error = error or f"the {blocks}-block trace failed: {last[0][-300:]}"
+            error = error or f"the {units}-unit trace failed: {last[0][-300:]}"
         else:
             results.append(json.loads(lines[-1]))
         out.close()
@@ -125,18 +145,18 @@ def shallow_traces(opts, overrides: list[str]) -> tuple[list[dict], str | None]:
 
 
 def _affine(v1: int, v2: int, at: int) -> int:
-    """The value at ``at`` repeated blocks of one that is ``v1`` at
+    """The value at ``at`` repeated units of one that is ``v1`` at
     ``REDUCED[0]`` and ``v2`` at ``REDUCED[1]``."""
     return v1 + (v2 - v1) * (at - REDUCED[0])
 
 
 def _without_mid(peaks: dict) -> dict:
-    return {k: v for k, v in peaks.items() if not k.endswith("|mid")}
+    return {k: v for k, v in peaks.items() if not k.split("|")[1].startswith("mid")}
 
 
 def extrapolate(shallow: list[dict], repeated: int) -> tuple[SimpleNamespace, dict, dict] | str:
     """(tracker-like peaks, state bytes, trace facts) at ``repeated``
-    blocks of the repeated run, from the two shallow traces; or why not."""
+    units of the repeated run, from the two shallow traces; or why not."""
     a, b = shallow
     seg_a, seg_b = a["segments"], b["segments"]
     for level in ("op", "tensor", "scratch"):
@@ -190,15 +210,15 @@ def shallow_plan(opts, overrides: list[str], config) -> tuple[Plan | None, str]:
     cannot be made that way, and the caller traces every block."""
     from torchtitan_neuron.plan.core import assemble
 
-    head, layers = layer_run(config)
+    head, layers, period = layer_run(config)
     shallow, error = shallow_traces(opts, overrides)
     if error:
         return None, error
-    result = extrapolate(shallow, layers - head)
+    result = extrapolate(shallow, (layers - head) // period)
     if isinstance(result, str):
         return None, result
     tracker, state, trace = result
-    trace["traced_layers"] = [head + blocks for blocks in REDUCED]
+    trace["traced_layers"] = list(traced_layers(config))
     trace["layers"] = layers
     return assemble(tracker, state, recipe=opts.config, ngpu=opts.ngpu, target=opts.target,
                     layout=shallow[0]["layout"], trace=trace, largest=[]), ""
