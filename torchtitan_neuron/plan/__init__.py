@@ -2,20 +2,24 @@
 
     python -m torchtitan_neuron.plan --module M --config C [--ngpu N]
         [--target trn2|trn3|cuda|cpu] [--json] [--top K] [--sweep]
-        [torchtitan overrides...]
+        [--every-block] [torchtitan overrides...]
 
 It builds the recipe's own trainer for rank 0 of N in one process, on
 torchtitan's fake process group with every tensor a FakeTensor, and traces
 two real training steps (the compiled SimpleFSDP graphs op by op, AC, loss,
 clipping, optimizer) on random tokens: no tokenizer, corpus or device memory
-is needed. The peak is the most bytes live at once in step 2 (``core``);
+is needed. A model ending in 12 or more alike blocks (or units of a few) is
+traced at 4 and 5 of them, in two processes at once, and its plan
+extrapolated exactly (``depth``; ``--every-block`` traces all of them).
+The peak is the most bytes live at once in step 2 (``core``);
 for trn2/trn3, the Neuron runtime's device tensors, scratchpad and
 micro-code (``neuron``). Not modelled: allocator fragmentation and
 communication buffers.
 
 Modules: ``core`` (``plan()``), ``trace`` (building and tracing the step),
 ``backend`` (the AOT backend), ``neuron``, ``report`` (``Plan``),
-``sweep``, ``patches`` (every upstream patch), ``__main__`` (the CLI).
+``sweep``, ``depth`` (shallow traces), ``patches`` (every upstream patch),
+``__main__`` (the CLI).
 """
 
 # Importing the package stays light (``python -m`` imports it before

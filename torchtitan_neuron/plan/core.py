@@ -23,10 +23,7 @@ def plan(config, *, ngpu: int, target: str, recipe: str, top: int = 0) -> Plan:
     device and torchtitan's fake process group."""
     neuron = target in NEURON_TARGETS
     tracker = StorageTracker(record_peak=top > 0)
-    if neuron:
-        tracker.large_var_bytes = paged_page_bytes()
-    trainer, state, backend = (_neuron_trace if neuron else _host_trace)(
-        config, ngpu, target, tracker)
+    trainer, state, backend = _trace(config, ngpu, target, tracker)
     return assemble(tracker, state, recipe=recipe, ngpu=ngpu, target=target,
                     layout=layout(config, trainer), trace=trace_facts(backend),
                     largest=largest_rows(tracker, top, neuron and scratchpad_mode()[0] == "paged"))
@@ -38,13 +35,9 @@ def segment_trace(config, *, ngpu: int, target: str, head: int, layers: int,
     step (``StorageTracker.track_segments``) for a model of ``layers``
     blocks, the first ``head`` unlike the rest, which repeat in units of
     ``period``: what plan/depth.py extrapolates from."""
-    neuron = target in NEURON_TARGETS
     tracker = StorageTracker()
     tracker.track_segments(head, layers, period)
-    if neuron:
-        tracker.large_var_bytes = paged_page_bytes()
-    trainer, state, backend = (_neuron_trace if neuron else _host_trace)(
-        config, ngpu, target, tracker, marks_blocks=True)
+    trainer, state, backend = _trace(config, ngpu, target, tracker, marks_blocks=True)
     return {"layers": layers, "state": state, "segments": tracker.segment_peaks,
             "layout": layout(config, trainer), "trace": trace_facts(backend, counts=True)}
 
@@ -88,6 +81,16 @@ def trace_facts(backend, counts: bool = False) -> dict:
         facts["per_graph"] = [dict(g) for g in backend.graphs]
         facts["marked_blocks"] = backend.marked
     return facts
+
+
+def _trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
+    """(trainer, persistent state bytes, backend) of the traced step: on the
+    neuron branch for a Neuron target (over-a-page intermediates told apart
+    for paged scratchpad), on the host device otherwise."""
+    if target in NEURON_TARGETS:
+        tracker.large_var_bytes = paged_page_bytes()
+        return _neuron_trace(config, ngpu, target, tracker, marks_blocks)
+    return _host_trace(config, ngpu, target, tracker, marks_blocks)
 
 
 def _host_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):

@@ -27,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from types import SimpleNamespace
 
 from torchtitan_neuron.plan.report import Plan
+from torchtitan_neuron.plan.sweep import plan_command
 
 # Units of the repeated run in the two shallow traces. Four is the fewest
 # with a ``second`` and a ``penult`` unit that differ from ``first`` and
@@ -124,9 +124,7 @@ def shallow_traces(opts, overrides: list[str]) -> tuple[list[dict], str | None]:
     runs = []
     for units in REDUCED:
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        cmd = [sys.executable, "-m", "torchtitan_neuron.plan", "--module", opts.module,
-               "--config", opts.config, f"--ngpu={opts.ngpu}", f"--target={opts.target}",
-               f"--layers-traced={units}", *overrides]
+        cmd = plan_command(opts, f"--layers-traced={units}", *overrides)
         runs.append((units, subprocess.Popen(cmd, stdout=out, stderr=err), out, err))
     results, error = [], None
     for units, proc, out, err in runs:

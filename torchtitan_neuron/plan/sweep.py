@@ -26,12 +26,18 @@ def _layout_args(tp: int, ac: str, global_batch: int,
     return args + [f"{_AC_PREFIX}{ac}"]
 
 
+def plan_command(opts, *args: str) -> list[str]:
+    """``python -m torchtitan_neuron.plan`` for the recipe, ranks and target
+    of ``opts``, then ``args``: how the sweep's cells and the shallow traces
+    (plan/depth.py) are launched, each in its own process."""
+    return [sys.executable, "-m", "torchtitan_neuron.plan", "--module", opts.module,
+            "--config", opts.config, f"--ngpu={opts.ngpu}", f"--target={opts.target}", *args]
+
+
 def _plan_in_subprocess(opts, overrides: list[str], extra: list[str]) -> dict:
     """One plan in a subprocess; its JSON, or ``{"error": last line}``."""
     user = [a for a in overrides if not a.startswith(_AC_PREFIX)]
-    cmd = [sys.executable, "-m", "torchtitan_neuron.plan", "--module", opts.module,
-           "--config", opts.config, f"--ngpu={opts.ngpu}", f"--target={opts.target}",
-           "--json", *user, *extra]
+    cmd = plan_command(opts, "--json", *user, *extra)
     if opts.capacity_gib is not None:
         cmd.insert(cmd.index("--json"), f"--capacity-gib={opts.capacity_gib}")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
