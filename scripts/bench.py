@@ -20,8 +20,10 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
   ``transformer_block_bucketing`` inductor pass on top) and
   ``simplefsdp_aot_eager`` (the aot_eager backend instead of inductor): what
   each buys; ``simplefsdp_overlap`` (``--compile.overlap_collectives``,
-  inductor's compute/communication reordering) and ``simplefsdp_no_ac``
-  (``activation-checkpoint:none``, nothing recomputed) on request (``--cells``).
+  inductor's compute/communication reordering), ``simplefsdp_no_prefetch``
+  (``--compile.no-prefetch``, each gather where the block starts)
+  and ``simplefsdp_no_ac`` (``activation-checkpoint:none``, nothing
+  recomputed) on request (``--cells``).
 
 Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
 cache (cold first step), the later ones reuse it (warm). A launch reports the
@@ -62,6 +64,7 @@ MODES = {
     "simplefsdp_bucketing": ("simplefsdp", ["--compile.passes", "transformer_block_bucketing"]),
     "simplefsdp_aot_eager": ("simplefsdp", ["--compile.backend", "aot_eager"]),
     "simplefsdp_overlap": ("simplefsdp", ["--compile.overlap_collectives"]),
+    "simplefsdp_no_prefetch": ("simplefsdp", ["--compile.no-prefetch"]),
     # A subcommand (activation-checkpoint:...) goes last on the command line.
     "simplefsdp_no_ac": ("simplefsdp", ["activation-checkpoint:none"]),
     "fsdp2": ("fsdp2", []),
@@ -148,6 +151,8 @@ class Cell:
             return f"jit ({backend}), per-parameter gathers"
         if self.mode == "simplefsdp_overlap":
             return f"jit ({backend}), collectives reordered"
+        if self.mode == "simplefsdp_no_prefetch":
+            return f"jit ({backend}), not prefetched"
         return f"jit ({backend})" + (" + inductor bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:

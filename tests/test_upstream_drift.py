@@ -108,6 +108,13 @@ PINNED: dict[str, dict[str, str]] = {
         "torch._inductor.comms:reorder_compute_for_overlap": "4f522a862ef08002",
         "torch._inductor.comms:reorder_compute_and_comm_for_overlap": "d9aa38d5f6b2fbfe",
     },
+    "inductor-prefetch": {
+        # The hook's caller, the cache key that reads it, and the overlap
+        # pass inductor runs after it on the scheduler's nodes.
+        "torch._inductor.fx_passes.post_grad:post_grad_passes": "44196b5565b62167",
+        "torch._inductor.comms:simple_overlap": "81dddf4da1a9036a",
+        "torch._inductor.custom_graph_pass:CustomGraphPass": "5e4c77e0cbf0be30",
+    },
     "dynamo-side-effects-under-ac": {
         "torch._dynamo.side_effects:SideEffects.check_allowed_side_effect": "2b80bc87546e1d2e",
     },

@@ -95,6 +95,15 @@ class NeuronCompileConfig(GraphTrainerCompileConfig):
     buckets longer. Other backends (``neuron``, ``aot_eager``) schedule their
     own graphs and ignore it (docs/benchmarks.md)."""
 
+    prefetch: bool = True
+    """With the inductor backend, an FX pass over the compiled forward and
+    backward graphs (torchtitan_neuron/prefetch.py): each block's gather is
+    issued while the block before it computes, and each gradient
+    reduce-scatter is waited on only when the next one is issued. It holds
+    one more block's gathered parameters. --compile.no-prefetch leaves the
+    collectives where the graph puts them; other backends (``neuron``,
+    ``aot_eager``) ignore it."""
+
     bucket_mib: int = DEFAULT_BUCKET_MIB
     """The largest bucket, in MiB of the wider of param and reduce dtype; a
     block whose parameters need more is gathered in several. 512 is the

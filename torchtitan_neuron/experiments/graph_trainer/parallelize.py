@@ -37,6 +37,7 @@ from torchtitan_neuron.activation_checkpoint import (
 )
 from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB, bucket_blocks
 from torchtitan_neuron.model_layout import divisors
+from torchtitan_neuron.prefetch import enable_prefetch
 
 
 def parallelize_simple_fsdp(
@@ -81,6 +82,8 @@ def parallelize_simple_fsdp(
                     "(--compile.no-bucketing: per parameter)")
     if getattr(compile_config, "overlap_collectives", False) and compile_config.enable:
         overlap_collectives(compile_config.backend)
+    if getattr(compile_config, "prefetch", True) and compile_config.enable:
+        enable_prefetch(compile_config.backend)
     return apply_compile(
         model,
         compile_config=compile_config,
