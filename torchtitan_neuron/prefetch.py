@@ -89,7 +89,7 @@ def prefetch_gathers(graph: torch.fx.Graph) -> int:
             if position[gather] > start + 1:
                 chain = _ancestors_after(gather, position, start)
                 if not any(n.target in _COMPUTE or n.target in COLLECTIVES or n.target is WAIT
-                           or n.op == "placeholder" for n in chain[:-1]):
+                           for n in chain[:-1]):
                     cursor = previous_wait
                     for n in chain:
                         cursor.append(n)
@@ -110,17 +110,13 @@ def defer_reduce_scatter_waits(graph: torch.fx.Graph) -> int:
         if wait is None:
             continue
         position = {n: i for i, n in enumerate(graph.nodes)}
-        if position[wait] > position[following]:
-            continue
         carried = _descendants(wait)
         # A wait on the waited result (a second wait_tensor) moves with it.
         if any(n.target in COLLECTIVES or (n.target is WAIT and n.args[0] not in carried)
                for n in carried - {wait}):
             continue
-        # Every input of what moves must still come before the new place.
-        if any(position[a] > position[following] for n in carried for a in n.all_input_nodes
-               if a not in carried):
-            continue
+        # Only down: what moves lies before the next scatter, and so do its
+        # other inputs, which come before it.
         if any(position[n] > position[following] for n in carried):
             continue
         for n in sorted(carried, key=position.__getitem__):
