@@ -28,7 +28,7 @@ train: install
 
 # The test tiers (pytest markers, registered in pyproject.toml):
 #   test       every unit test and the core end-to-end runs: the default
-#              rehearsal, parity, resume and the error matrix (~12 min here)
+#              rehearsal, parity, resume and the error matrix (~8 min here)
 #   test-slow  the remaining multi-process proofs (CI runs both)
 #   test-fast  no multi-process launch, for the edit loop (~2 min)
 test: install
@@ -61,7 +61,7 @@ bench-ceiling: install
 bench-cache: install
 	$(PY) scripts/bench_compile_cache.py
 
-# Planned vs measured peak tensor memory on CPU ranks (about 30 minutes);
+# Planned vs measured peak tensor memory on CPU ranks (about 25 minutes);
 # writes docs/plan_accuracy.md. Not part of `make test`.
 bench-plan: install
 	$(PY) scripts/bench_plan.py

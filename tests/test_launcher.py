@@ -11,7 +11,9 @@ COMM_MODE=fake_backend is torchtitan's one-process dry run of the NGPU-rank
 layout (one step, exit 0); an unknown COMM_MODE is refused with the accepted
 values, exit 2.
 
-Tier: the three training launches are e2e, in ``make test`` (the error matrix).
+Tier: the three training launches are e2e: the refused mode in ``make test``
+(the error matrix), the crashing rank (23 s on the 2-core machine) and the
+dry run (29 s) in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_launcher.py -q
 """
 
@@ -47,6 +49,7 @@ def test_preflight_checks_the_ranks_training_arguments():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
     """Rank 1 raises at step 3 while rank 0 goes into the step's collectives:
     rank 0 is stopped within 30 s, nothing is left running, and the first
@@ -70,6 +73,7 @@ def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_fake_backend_dry_run_simulates_the_ranks_in_one_process(run, dump_folder):
     result = run(FAST, ngpu=4, env={"COMM_MODE": "fake_backend"},
                  dump_folder=dump_folder, preflight=True)

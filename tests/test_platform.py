@@ -29,6 +29,7 @@ def test_neuron_wins_when_torch_neuronx_is_present():
     assert (plat.name, plat.device_type, plat.dist_backend, plat.compile_backend) == (
         "neuron", "neuron", "neuron", "neuron"
     )
+    assert plat.is_neuron
 
 
 def test_cuda_then_cpu():
@@ -38,6 +39,7 @@ def test_cuda_then_cpu():
     )
     cpu = platform.detect(module_available=lambda n: False, cuda_available=lambda: False)
     assert (cpu.device_type, cpu.dist_backend) == ("cpu", "gloo")
+    assert not cuda.is_neuron and not cpu.is_neuron
 
 
 def test_detect_finds_a_real_stand_in_module(tmp_path, monkeypatch):

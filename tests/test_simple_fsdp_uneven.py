@@ -12,7 +12,7 @@ case of GPT-OSS-120B's 64 attention sinks at TP4 x FSDP32 (docs/gpt_oss.md).
 Over ``REPLICATE_LIMIT`` elements the same module is refused with a message
 naming it, its TP-local shape and the FSDP degrees that would divide it.
 
-Tier: e2e (4 processes, 26-35 s on the 2-core machine).
+Tier: e2e, in ``make test-slow`` (4 processes, 26-35 s on the 2-core machine).
 Run: .venv/bin/python -m pytest tests/test_simple_fsdp_uneven.py -q
 """
 
@@ -91,6 +91,7 @@ def _worker(rank: int, world: int, port: int, results):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_uneven_tp_parameter_is_replicated_over_fsdp_and_reads_its_tp_rows():
     from runlog import free_port
 

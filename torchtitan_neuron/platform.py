@@ -68,6 +68,11 @@ class Platform:
     """What a recipe's ``backend="neuron"`` means on this platform."""
 
     @property
+    def is_neuron(self) -> bool:
+        """Whether this is Trainium through TorchNeuron (or its rehearsal)."""
+        return self.name == "neuron"
+
+    @property
     def has_premul_sum(self) -> bool:
         """Whether the process group offers ReduceOp.PREMUL_SUM (gloo does not)."""
         return self.dist_backend != "gloo"

@@ -220,7 +220,7 @@ class _NeuronTrainerMixin:
         platform.install()
         resolve_compile_backend(config.compile)
         options = config.model
-        if options.reset_positions_per_document and platform.current().name == "neuron":
+        if options.reset_positions_per_document and platform.current().is_neuron:
             raise ValueError(
                 "--model.reset_positions_per_document needs the rotary gather, "
                 "which Neuron does not support. Drop the flag on Neuron "
@@ -396,7 +396,7 @@ class _NeuronTrainerMixin:
         if self._compile_progress is not None or not self.config.compile.enable \
                 or not self.step_hook.read_values:
             return contextlib.nullcontext()
-        neff = os.environ.get(platform.NEFF_CACHE_ENV) if platform.current().name == "neuron" \
+        neff = os.environ.get(platform.NEFF_CACHE_ENV) if platform.current().is_neuron \
             else None
         self._compile_progress = run_report.CompileProgress(
             self.config.compile.backend, os.environ.get("TORCHINDUCTOR_CACHE_DIR"), neff)

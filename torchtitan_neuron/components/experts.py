@@ -115,7 +115,7 @@ def resolve_implementation(
                 f"{sorted(_KERNELS)} or unset it to measure the fastest."
             )
         return pinned
-    if platform.current().name == "neuron":
+    if platform.current().is_neuron:
         return "grouped_mm"
     return measure_fastest(dim, hidden_dim, num_experts)
 
