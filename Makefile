@@ -61,7 +61,7 @@ bench-ceiling: install
 bench-cache: install
 	$(PY) scripts/bench_compile_cache.py
 
-# Planned vs measured peak tensor memory on CPU ranks (about 25 minutes);
+# Planned vs measured peak tensor memory on CPU ranks (about 22 minutes);
 # writes docs/plan_accuracy.md. Not part of `make test`.
 bench-plan: install
 	$(PY) scripts/bench_plan.py
