@@ -21,9 +21,14 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
   ``simplefsdp_aot_eager`` (the aot_eager backend instead of inductor): what
   each buys; ``simplefsdp_overlap`` (``--compile.overlap_collectives``,
   inductor's compute/communication reordering), ``simplefsdp_no_prefetch``
-  (``--compile.no-prefetch``, each gather where the block starts)
-  and ``simplefsdp_no_ac`` (``activation-checkpoint:none``, nothing
-  recomputed) on request (``--cells``).
+  (``--compile.no-prefetch``, each gather where the block starts),
+  ``simplefsdp_no_ac`` (``activation-checkpoint:none``, nothing
+  recomputed) and ``simplefsdp_no_comm`` on request (``--cells``);
+- ``simplefsdp_no_comm:N``: N independent 1-rank runs at once, each at the
+  N-rank local batch. Each process does what one rank of the N-rank run
+  computes (and the whole optimizer step, where a rank does 1/N of it),
+  with every core busy and no communication: the ceiling of the N-rank
+  cell's MFU on this machine (``mfu_no_comm_vs_one_rank``).
 
 Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
 cache (cold first step), the later ones reuse it (warm). A launch reports the
@@ -38,7 +43,8 @@ Writes ``<out>/bench.md`` (the tables) and ``<out>/bench.png`` (the plot),
 and prints ``key=value`` lines per model: ``simplefsdp_vs_fsdp2_tokens_per_s_ratio``,
 ``simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio`` (``failed`` when that cell
 failed), ``mfu_vs_matmul_peak``, ``mfu_vs_one_rank`` (2-rank MFU over the same
-model's 1-rank MFU) and ``warm_vs_cold_first_step``.
+model's 1-rank MFU), ``mfu_no_comm_vs_one_rank`` (the same for the
+``simplefsdp_no_comm:2`` cell, when it ran) and ``warm_vs_cold_first_step``.
 """
 
 import argparse
@@ -49,6 +55,7 @@ import re
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,9 +74,12 @@ MODES = {
     "simplefsdp_no_prefetch": ("simplefsdp", ["--compile.no-prefetch"]),
     # A subcommand (activation-checkpoint:...) goes last on the command line.
     "simplefsdp_no_ac": ("simplefsdp", ["activation-checkpoint:none"]),
+    # Its ranks are independent 1-rank processes (run_cell).
+    "simplefsdp_no_comm": ("simplefsdp", []),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
 }
+NO_COMM = "simplefsdp_no_comm"
 _STATE = re.compile(r"Per-rank sharded state: parameters ([\d.]+) MiB, gradients "
                     r"([\d.]+) MiB, optimizer state ([\d.]+) MiB")
 _BACKEND = re.compile(r"compile backend (\w+)")
@@ -153,6 +163,8 @@ class Cell:
             return f"jit ({backend}), collectives reordered"
         if self.mode == "simplefsdp_no_prefetch":
             return f"jit ({backend}), not prefetched"
+        if self.mode == NO_COMM:
+            return f"jit ({backend}), {self.ranks} independent 1-rank processes at once"
         return f"jit ({backend})" + (" + inductor bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:
@@ -163,6 +175,9 @@ class Cell:
         return match[1].lower() if match else "none"
 
     def cold_warm(self) -> tuple[float, float | None]:
+        if self.mode == NO_COMM:
+            # Its processes compile side by side: no cold/warm pair to read.
+            return float("nan"), None
         firsts = [r.first_step_s() for r in self.ok()]
         if self.launches[0] not in self.ok():
             return float("nan"), None
@@ -187,28 +202,38 @@ def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
             "--metrics.log_freq", "1", "--debug.seed", "0",
             "--training.mixed_precision_param", "float32",
             "--training.steps", str(steps), "--training.seq_len", str(model.seq_len),
-            "--training.global_batch_size", str(model.global_batch),
+            # The no-communication cell's processes are each one rank of the
+            # N-rank run, so their global batch is that rank's share.
+            "--training.global_batch_size",
+            str(model.global_batch // cell.ranks if cell.mode == NO_COMM else model.global_batch),
             "--training.local_batch_size", str(model.global_batch // cell.ranks),
             *model.extra, *(a for a in mode_args if a not in subcommands), *overrides,
             *subcommands]
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         env = {"OMP_NUM_THREADS": str(threads), "TORCHTITAN_NEURON_CPU_PEAK_FLOPS": f"{peak:.6e}",
                "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "compile-cache")}
+        # The no-communication cell: its ranks as 1-rank processes, started together.
+        copies, ngpu = (cell.ranks, 1) if cell.mode == NO_COMM else (1, cell.ranks)
         for n in range(launches):
-            run = launch(args, ngpu=cell.ranks, module=module, config=config, env=env,
-                         dump_folder=Path(tmp) / f"out{n}")
-            cell.launches.append(run)
-            if run.returncode != 0 or not run.steps:
-                lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]
-                cell.error = (lines[-1] if lines else run.tail(300)).strip()[:300]
-                print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: FAILED "
-                      f"(exit {run.returncode}): {cell.error}", flush=True)
-                return
-            print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: first step "
-                  f"{run.first_step_s():.1f} s, step {statistics.median(run.step_times(3)):.3f} s, "
-                  f"tps/rank {run.median('tps', 3):.0f}, mfu {run.median('mfu_pct', 3):.2f}%, "
-                  f"memory {max(s.memory_gib for s in run.steps):.2f} GiB, "
-                  f"loss {run.steps[-1].loss:.4f}", flush=True)
+            with ThreadPoolExecutor(copies) as pool:
+                runs = list(pool.map(
+                    lambda k: launch(args, ngpu=ngpu, module=module, config=config, env=env,
+                                     dump_folder=Path(tmp) / f"out{n}-{k}"), range(copies)))
+            for run in runs:
+                cell.launches.append(run)
+                if run.returncode != 0 or not run.steps:
+                    lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]
+                    cell.error = (lines[-1] if lines else run.tail(300)).strip()[:300]
+                    print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: FAILED "
+                          f"(exit {run.returncode}): {cell.error}", flush=True)
+                    return
+                print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: first step "
+                      f"{run.first_step_s():.1f} s, "
+                      f"step {statistics.median(run.step_times(3)):.3f} s, "
+                      f"tps/rank {run.median('tps', 3):.0f}, "
+                      f"mfu {run.median('mfu_pct', 3):.2f}%, "
+                      f"memory {max(s.memory_gib for s in run.steps):.2f} GiB, "
+                      f"loss {run.steps[-1].loss:.4f}", flush=True)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -256,9 +281,15 @@ def summary(cells: list[Cell]) -> list[str]:
         if simple:
             parts.append(f"mfu_vs_matmul_peak={simple.median('mfu_pct') / 100:.3f}")
         if simple and one:
-            # The same model's 1-rank MFU: the ceiling without communication.
+            # The same model's 1-rank MFU, at the global batch on one process.
             parts.append("mfu_vs_one_rank="
                          f"{simple.median('mfu_pct') / one.median('mfu_pct'):.3f}")
+        no_comm = by.get((model, NO_COMM, 2))
+        if no_comm and one:
+            # What the 2-rank cell's compute reaches with both cores busy and
+            # no communication, against the same 1-rank MFU.
+            parts.append("mfu_no_comm_vs_one_rank="
+                         f"{no_comm.median('mfu_pct') / one.median('mfu_pct'):.3f}")
         if simple:
             cold, warm = simple.cold_warm()
             if warm is not None:

@@ -83,6 +83,13 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
                     "simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=0.800 "
                     "mfu_vs_matmul_peak=0.300 mfu_vs_one_rank=0.750 "
                     "warm_vs_cold_first_step=0.122")
+    no_comm = bench.Cell("tiny", "simplefsdp_no_comm", 2, [
+        _log(9.0, [0.9] * 3, [1100] * 4, 38.0, state),
+        _log(9.5, [0.9] * 3, [1100] * 4, 36.0, state)])
+    assert bench.summary([simple, one, no_comm])[0].endswith(
+        "mfu_vs_one_rank=0.750 mfu_no_comm_vs_one_rank=0.925 warm_vs_cold_first_step=0.122")
+    # Its processes compile side by side: no cold/warm pair.
+    assert "| n/a / n/a |" in bench.table([no_comm], bench.MODELS)[2]
     broken = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
                         error="RuntimeError: boom")
     assert "simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed" in bench.summary(
@@ -163,3 +170,28 @@ def test_an_ac_subcommand_mode_ends_the_command_line(monkeypatch, overrides):
     assert seen[0].count("activation-checkpoint:none") == 1
     assert overrides == seen[0][-1 - len(overrides):-1]
     assert seen[0][1].startswith("--dump_folder="), seen
+
+
+def test_the_no_comm_cell_starts_its_ranks_as_one_rank_processes_at_once(monkeypatch):
+    # simplefsdp_no_comm:2 is two 1-rank runs at the 2-rank local batch (and
+    # no gradient accumulation), running together (each waits for the other
+    # to have started).
+    import threading
+
+    started = threading.Barrier(2, timeout=10)
+    seen = []
+
+    def fake_run_command(argv, env, **options):
+        started.wait()
+        seen.append((argv, env["NGPU"]))
+        return _log(9.0, [0.9] * 3, [1100] * 4, 38.0)
+
+    monkeypatch.setattr(runlog, "run_command", fake_run_command)
+    cell = bench.Cell("tiny", "simplefsdp_no_comm", 2)
+    bench.run_cell(cell, bench.MODELS["tiny"], 1, 12, 1e9, [])
+    assert [ngpu for _, ngpu in seen] == ["1", "1"]
+    for argv, _ in seen:
+        assert argv[argv.index("--training.local_batch_size") + 1] == "4"
+        assert argv[argv.index("--training.global_batch_size") + 1] == "4"
+    assert len({argv[1] for argv, _ in seen}) == 2, "each process its own dump folder"
+    assert len(cell.launches) == 2
