@@ -21,6 +21,20 @@ training code runs, and this script measures both, 1 thread per process:
   FLOP-weighted throughput over the 2048^3 peak is the MFU the run would
   have if attention, the norms, the loss, the optimizer and communication
   took no time at all: an upper bound on ``mfu_vs_matmul_peak``.
+- **The update.** Gradient clipping and the fused AdamW step of the recipes
+  (torchtitan's defaults) over all the model's parameters, and over one
+  rank's shard of them (1/``--ranks`` of each), 1 thread, alone. ``make
+  bench``'s ``simplefsdp_no_comm`` processes update every parameter, where
+  a rank of the 2-rank run updates its shard: the difference is what that
+  cell's step time over-counts against the 2-rank run.
+- **The collectives.** One step's collectives of the bucketed SimpleFSDP
+  recipe, without the model: ``--ranks`` gloo processes gather every block's
+  parameters twice (forward, and again in backward) and reduce-scatter its
+  gradients once, one fp32 bucket per transformer block and one per other
+  parameter. ``comm_cpu_s`` is the CPU time (all threads, user and system)
+  each process spends on them per step: on a machine whose cores all
+  compute, that time comes out of the compute. ``comm_wall_s`` is how long
+  they take with nothing else running.
 
 Prints ``key=value`` lines; nothing is written.
 """
@@ -90,6 +104,105 @@ def together(processes: int, what, *args) -> list[tuple[float, float]]:
     return results
 
 
+def update_seconds(numels: list[int], repeats: int) -> float:
+    """Median seconds of gradient clipping plus one fused AdamW step over
+    fp32 parameters of these sizes (torchtitan's default optimizer)."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.randn(n)) for n in numels]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1, fused=True)
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+
+    return _timed(step, repeats)
+
+
+def model_numels(name: str) -> list[int]:
+    """The sizes of the bench model's parameters."""
+    import torch
+    from torchtitan.config import ConfigManager
+
+    module, recipe = MODELS[name].simplefsdp
+    config = ConfigManager().parse_args(["--module", module, "--config", recipe])
+    with torch.device("meta"):
+        return [p.numel() for p in config.model_spec.model.build().parameters()]
+
+
+def model_buckets(name: str) -> list[int]:
+    """The sizes of the bench model's gathers: one per transformer block
+    (its parameters together), one per parameter outside the blocks."""
+    import torch
+    from torchtitan.config import ConfigManager
+
+    module, recipe = MODELS[name].simplefsdp
+    config = ConfigManager().parse_args(["--module", module, "--config", recipe])
+    with torch.device("meta"):
+        built = config.model_spec.model.build()
+    buckets: dict[str, int] = {}
+    for pname, p in built.named_parameters():
+        parts = pname.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "layers" else pname
+        buckets[key] = buckets.get(key, 0) + p.numel()
+    return list(buckets.values())
+
+
+def _collectives(rank, world, init, buckets, repeats, queue):
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank,
+                            world_size=world)
+    shards = [torch.randn(-(-n // world)) for n in buckets]
+    full = [torch.empty(s.numel() * world) for s in shards]
+
+    def step():
+        for _ in range(2):  # the forward's gathers, then the backward's re-gathers
+            for shard, gathered in zip(shards, full):
+                dist.all_gather_into_tensor(gathered, shard)
+        for shard, gathered in zip(shards, full):
+            dist.reduce_scatter_tensor(shard, gathered)
+
+    step()  # warm-up: gloo's connections and buffers
+    cpu, wall = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        step()
+        t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+        wall.append(t1 - t0)
+    dist.barrier()
+    dist.destroy_process_group()
+    queue.put((statistics.median(cpu), statistics.median(wall)))
+
+
+def collectives_seconds(buckets: list[int], ranks: int, repeats: int
+                        ) -> list[tuple[float, float]]:
+    """(CPU seconds, wall seconds) per rank of one step's collectives."""
+    import tempfile
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_collectives,
+                             args=(r, ranks, f"{tmp}/init", buckets, repeats, queue))
+                 for r in range(ranks)]
+        for p in procs:
+            p.start()
+        results = [queue.get() for _ in procs]
+        for p in procs:
+            p.join()
+    return results
+
+
 def model_gemms(name: str, ranks: int) -> tuple[list[tuple[int, int, int, int]], int]:
     """The bench model's forward and backward matmuls at one rank's
     micro-batch, as (m, k, n, count); and the tokens."""
@@ -152,6 +265,16 @@ def main() -> int:
         print(f"model={name} tokens_per_rank={tokens} gemm_shapes={len(shapes)} "
               f"gemm_vs_peak_alone={f1 / s1 / peak:.3f} "
               f"gemm_vs_peak_concurrent={f1 / s2 / peak:.3f}", flush=True)
+        numels = model_numels(name)
+        shard = [-(-n // opts.ranks) for n in numels]
+        (full,) = together(1, update_seconds, numels, opts.repeats)
+        (part,) = together(1, update_seconds, shard, opts.repeats)
+        print(f"model={name} parameters={sum(numels)} update_s_all={full:.3f} "
+              f"update_s_one_shard={part:.3f}", flush=True)
+        comm = collectives_seconds(model_buckets(name), opts.ranks, opts.repeats)
+        print(f"model={name} ranks={opts.ranks} "
+              f"comm_cpu_s={statistics.mean(c for c, _ in comm):.3f} "
+              f"comm_wall_s={statistics.mean(w for _, w in comm):.3f}", flush=True)
     return 0
 
 

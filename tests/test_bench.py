@@ -195,3 +195,24 @@ def test_the_no_comm_cell_starts_its_ranks_as_one_rank_processes_at_once(monkeyp
         assert argv[argv.index("--training.global_batch_size") + 1] == "4"
     assert len({argv[1] for argv, _ in seen}) == 2, "each process its own dump folder"
     assert len(cell.launches) == 2
+
+
+def test_ceiling_times_the_update_of_all_parameters_and_of_one_shard():
+    """scripts/bench_ceiling.py's update timing covers every parameter of the
+    bench model (the debug Llama: 6.2 M), and the fused AdamW step it times
+    moves the parameters it is given."""
+    import bench_ceiling
+
+    assert round(sum(bench_ceiling.model_numels("tiny")) / 1e6, 1) == 6.2
+    assert bench_ceiling.update_seconds([4096, 10], repeats=1) > 0
+
+
+def test_ceiling_buckets_are_the_models_blocks_and_the_other_parameters():
+    """scripts/bench_ceiling.py gathers one bucket per transformer block and
+    one per parameter outside the blocks, and together they are the model."""
+    import bench_ceiling
+
+    buckets = bench_ceiling.model_buckets("tiny")
+    assert sum(buckets) == sum(bench_ceiling.model_numels("tiny"))
+    # The debug Llama: 6 blocks, then embeddings, final norm and output.
+    assert len(buckets) == 6 + 3
