@@ -53,7 +53,8 @@ bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)
 
 # What the machine lets the bench's MFU reach: the matmul peak with one and
-# with both cores busy, and each bench model's own matmuls (about 3 minutes).
+# with both cores busy, each bench model's own matmuls, its parameter update,
+# and one step's collectives on gloo (1-3 minutes).
 bench-ceiling: install
 	$(PY) scripts/bench_ceiling.py $(BENCH_ARGS)
 
