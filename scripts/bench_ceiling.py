@@ -166,9 +166,9 @@ def _collectives(rank, world, init, buckets, repeats, queue):
     def step():
         for _ in range(2):  # the forward's gathers, then the backward's re-gathers
             for shard, gathered in zip(shards, full):
-                dist.all_gather_into_tensor(gathered, shard)
+                dist.all_gather_single(gathered, shard)
         for shard, gathered in zip(shards, full):
-            dist.reduce_scatter_tensor(shard, gathered)
+            dist.reduce_scatter_single(shard, gathered)
 
     step()  # warm-up: gloo's connections and buffers
     cpu, wall = [], []

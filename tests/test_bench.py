@@ -216,3 +216,13 @@ def test_ceiling_buckets_are_the_models_blocks_and_the_other_parameters():
     assert sum(buckets) == sum(bench_ceiling.model_numels("tiny"))
     # The debug Llama: 6 blocks, then embeddings, final norm and output.
     assert len(buckets) == 6 + 3
+
+
+@pytest.mark.e2e
+def test_ceiling_times_the_collectives_on_two_gloo_processes():
+    """Both processes report the CPU and wall time of the step's collectives."""
+    import bench_ceiling
+
+    results = bench_ceiling.collectives_seconds([4096, 1000], ranks=2, repeats=2)
+    assert len(results) == 2
+    assert all(cpu >= 0 and wall > 0 for cpu, wall in results), results
