@@ -82,20 +82,22 @@ def gemm_seconds(shapes: list[tuple[int, int, int, int]], repeats: int) -> tuple
     return flops, seconds
 
 
-def _worker(barrier, queue, what, args):
+def _worker(barrier, queue, what, args, rank):
     import torch
 
     torch.set_num_threads(1)
     barrier.wait()
-    queue.put(what(*args))
+    queue.put(what(*args) if rank is None else what(rank, *args))
 
 
-def together(processes: int, what, *args) -> list[tuple[float, float]]:
-    """``what(*args)`` in ``processes`` spawned processes started at once."""
+def together(processes: int, what, *args, ranked: bool = False) -> list:
+    """``what(*args)`` in ``processes`` spawned processes started at once;
+    ``ranked``: ``what(rank, *args)``, rank 0.. in each."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(barrier, queue, what, args))
-             for _ in range(processes)]
+    procs = [ctx.Process(target=_worker,
+                         args=(barrier, queue, what, args, rank if ranked else None))
+             for rank in range(processes)]
     for p in procs:
         p.start()
     results = [queue.get() for _ in procs]
@@ -122,42 +124,39 @@ def update_seconds(numels: list[int], repeats: int) -> float:
     return _timed(step, repeats)
 
 
-def model_numels(name: str) -> list[int]:
-    """The sizes of the bench model's parameters."""
+def meta_model(name: str):
+    """The bench model of its SimpleFSDP recipe, built on the meta device."""
     import torch
     from torchtitan.config import ConfigManager
 
     module, recipe = MODELS[name].simplefsdp
     config = ConfigManager().parse_args(["--module", module, "--config", recipe])
     with torch.device("meta"):
-        return [p.numel() for p in config.model_spec.model.build().parameters()]
+        return config.model_spec.model.build()
+
+
+def model_numels(name: str) -> list[int]:
+    """The sizes of the bench model's parameters."""
+    return [p.numel() for p in meta_model(name).parameters()]
 
 
 def model_buckets(name: str) -> list[int]:
     """The sizes of the bench model's gathers: one per transformer block
     (its parameters together), one per parameter outside the blocks."""
-    import torch
-    from torchtitan.config import ConfigManager
-
-    module, recipe = MODELS[name].simplefsdp
-    config = ConfigManager().parse_args(["--module", module, "--config", recipe])
-    with torch.device("meta"):
-        built = config.model_spec.model.build()
     buckets: dict[str, int] = {}
-    for pname, p in built.named_parameters():
+    for pname, p in meta_model(name).named_parameters():
         parts = pname.split(".")
         key = ".".join(parts[:2]) if parts[0] == "layers" else pname
         buckets[key] = buckets.get(key, 0) + p.numel()
     return list(buckets.values())
 
 
-def _collectives(rank, world, init, buckets, repeats, queue):
+def _collectives(rank, world, init, buckets, repeats) -> tuple[float, float]:
     import resource
 
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank,
                             world_size=world)
     shards = [torch.randn(-(-n // world)) for n in buckets]
@@ -181,7 +180,7 @@ def _collectives(rank, world, init, buckets, repeats, queue):
         wall.append(t1 - t0)
     dist.barrier()
     dist.destroy_process_group()
-    queue.put((statistics.median(cpu), statistics.median(wall)))
+    return statistics.median(cpu), statistics.median(wall)
 
 
 def collectives_seconds(buckets: list[int], ranks: int, repeats: int
@@ -189,33 +188,19 @@ def collectives_seconds(buckets: list[int], ranks: int, repeats: int
     """(CPU seconds, wall seconds) per rank of one step's collectives."""
     import tempfile
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_collectives,
-                             args=(r, ranks, f"{tmp}/init", buckets, repeats, queue))
-                 for r in range(ranks)]
-        for p in procs:
-            p.start()
-        results = [queue.get() for _ in procs]
-        for p in procs:
-            p.join()
-    return results
+        return together(ranks, _collectives, ranks, f"{tmp}/init", buckets, repeats,
+                        ranked=True)
 
 
 def model_gemms(name: str, ranks: int) -> tuple[list[tuple[int, int, int, int]], int]:
     """The bench model's forward and backward matmuls at one rank's
     micro-batch, as (m, k, n, count); and the tokens."""
     import torch
-    from torchtitan.config import ConfigManager
 
     model = MODELS[name]
-    module, recipe = model.simplefsdp
-    local_batch = model.global_batch // ranks
-    config = ConfigManager().parse_args(["--module", module, "--config", recipe])
-    with torch.device("meta"):
-        built = config.model_spec.model.build()
-    tokens = local_batch * model.seq_len
+    built = meta_model(name)
+    tokens = model.global_batch // ranks * model.seq_len
     shapes: dict[tuple[int, int, int], int] = {}
 
     def add(m, k, n):
