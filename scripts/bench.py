@@ -64,6 +64,7 @@ from runlog import REPO, Run, launch  # noqa: E402
 
 GT = "torchtitan_neuron.experiments.graph_trainer"
 BENCH = "scripts.bench_recipes"
+NO_COMM = "simplefsdp_no_comm"
 # The mode of each cell: which recipe of the model, and what it adds.
 MODES = {
     "simplefsdp": ("simplefsdp", []),
@@ -75,11 +76,10 @@ MODES = {
     # A subcommand (activation-checkpoint:...) goes last on the command line.
     "simplefsdp_no_ac": ("simplefsdp", ["activation-checkpoint:none"]),
     # Its ranks are independent 1-rank processes (run_cell).
-    "simplefsdp_no_comm": ("simplefsdp", []),
+    NO_COMM: ("simplefsdp", []),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
 }
-NO_COMM = "simplefsdp_no_comm"
 _STATE = re.compile(r"Per-rank sharded state: parameters ([\d.]+) MiB, gradients "
                     r"([\d.]+) MiB, optimizer state ([\d.]+) MiB")
 _BACKEND = re.compile(r"compile backend (\w+)")

@@ -199,8 +199,7 @@ def test_the_no_comm_cell_starts_its_ranks_as_one_rank_processes_at_once(monkeyp
 
 def test_ceiling_times_the_update_of_all_parameters_and_of_one_shard():
     """scripts/bench_ceiling.py's update timing covers every parameter of the
-    bench model (the debug Llama: 6.2 M), and the fused AdamW step it times
-    moves the parameters it is given."""
+    bench model (the debug Llama: 6.2 M), and times a step of the sizes given."""
     import bench_ceiling
 
     assert round(sum(bench_ceiling.model_numels("tiny")) / 1e6, 1) == 6.2
