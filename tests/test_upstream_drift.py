@@ -37,6 +37,14 @@ PINNED: dict[str, dict[str, str]] = {
     "local-device": {"torchtitan.tools.utils:get_local_device": "a92438941df47aed"},
     "peak-flops": {"torchtitan.tools.utils:get_peak_flops": "d16671707565ac82"},
     "dram-bandwidth": {"torch._inductor.utils:get_gpu_dram_gbps": "c08ded76915e06e1"},
+    "compile-workers": {
+        # The inductor backend warms a pool of compile_threads workers on its
+        # first call, cache hit or not.
+        "torch._dynamo.backends.inductor:inductor": "df3246ccd984a1bb",
+        "torch._inductor.async_compile:maybe_warm_pool": "641132d1695a72bc",
+        "torch._inductor.async_compile:AsyncCompile.warm_pool": "20f20c4e73671af4",
+        "torch._inductor.async_compile:get_compile_threads": "829aacdcb35bf28b",
+    },
     "compile-cache-per-rank": {
         "torch._functorch._aot_autograd.autograd_cache:autograd_cache_key": "e9d186a949b04845",
     },
@@ -387,6 +395,21 @@ def test_inductor_copies_of_dram_bandwidth_are_the_ones_patched():
     assert found == patched, (
         f"modules importing get_gpu_dram_gbps by name: {sorted(found)}; "
         "revisit row `dram-bandwidth` of docs/upstream-workarounds.md")
+
+
+def test_one_compile_thread_starts_no_worker_pool():
+    """Row `compile-workers`: one compile thread means no worker processes,
+    so a CPU rank's share of the cores bounds what its compile starts."""
+    import torch._inductor.async_compile as async_compile
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(compile_threads=1):
+        before = set(async_compile._pool_set)
+        async_compile.maybe_warm_pool()
+        assert set(async_compile._pool_set) == before, (
+            "inductor started compile workers with compile_threads=1: revisit row "
+            "`compile-workers` of docs/upstream-workarounds.md")
+        assert not async_compile.AsyncCompile.use_process_pool()
 
 
 def test_neuron_is_no_compile_backend_without_torch_neuronx():

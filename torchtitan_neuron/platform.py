@@ -371,7 +371,36 @@ def _install_cpu() -> list[str]:
     for module in (inductor_utils, scheduler, runtime_estimation):
         module.get_gpu_dram_gbps = host_dram_gbps
         touched.append(f"{module.__name__}.get_gpu_dram_gbps")
+    touched += _share_compile_workers()
     return touched
+
+
+def compile_workers_per_rank() -> int:
+    """Inductor compile workers for one CPU rank: its share of the host's
+    cores among the ranks on this host, at least 1 (1 compiles in the rank's
+    own process, with no pool)."""
+    return max(1, torch._utils.cpu_count() // _ranks_on_host())
+
+
+def _share_compile_workers() -> list[str]:
+    """Give each CPU rank ``compile_workers_per_rank()`` inductor compile
+    workers, unless ``$TORCHINDUCTOR_COMPILE_THREADS`` says otherwise.
+
+    Inductor's first compile starts a pool of worker processes, one per core
+    (``torch._inductor.async_compile.maybe_warm_pool``, whenever Triton is
+    installed, and the torch wheel installs it), even when every graph then
+    comes from the compile cache. CPU ranks already take the host's cores, so
+    on the 2-core machine each rank's workers, importing torch, took the
+    cores from both ranks' first step: the medium Llama's warm first step
+    was 16.1-17.6 s with them and 9.2-14.6 s with one per rank, its cold one
+    55.2 s and 52.8 s (docs/benchmarks.md).
+    """
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return []
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = compile_workers_per_rank()
+    return ["torch._inductor.config.compile_threads"]
 
 
 _host_dram_cache: dict[str, float] = {}
