@@ -92,6 +92,34 @@ def _debug_moe_config():
     return deepseek_v3_debugmodel_neuron_tp2_fsdp2().model_spec.model.layers[1].moe
 
 
+def test_auto_expert_kernel_is_measured_once_per_compile_cache(tmp_path, monkeypatch):
+    """A run with a warm compile cache uses the kernel the run that filled it
+    measured, so it traces the same graph and reuses the compiled step."""
+    import json
+
+    from torchtitan_neuron.components import experts
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    stored = tmp_path / experts.CHOICES_FILE
+
+    def run(measure):
+        monkeypatch.setattr(experts, "_measured", {})
+        monkeypatch.setattr(experts, "_measure", measure)
+        return experts.measure_fastest(16, 32, 4)
+
+    assert run(lambda *a: "loop") == "loop"
+    assert json.loads(stored.read_text()) == {"4x16x32": "loop"}
+
+    def measured_again(*args):
+        raise AssertionError("measured again with a warm compile cache")
+
+    assert run(measured_again) == "loop"
+    # An unreadable file is measured over, not an error.
+    stored.write_text("{not json")
+    assert run(lambda *a: "grouped_mm") == "grouped_mm"
+    assert json.loads(stored.read_text()) == {"4x16x32": "grouped_mm"}
+
+
 def test_converter_puts_every_moe_layer_on_local_experts():
     layers = deepseek_v3_debugmodel_neuron_tp2_fsdp2().model_spec.model.layers
     moes = [layer.moe for layer in layers if getattr(layer, "moe", None) is not None]

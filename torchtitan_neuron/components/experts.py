@@ -9,7 +9,10 @@ layer's grouped-experts config for ``LocalExperts.Config`` with an
 - ``loop``: one GEMM per expert over its slice of the expert-sorted tokens;
 - ``auto``: on neuron, ``grouped_mm`` (what torch-neuronx compiles); elsewhere
   both are timed once per expert shape on this process's threads and the
-  faster is used (logged).
+  faster is used (logged). The choice is kept in the compile cache
+  (``expert_kernels.json`` beside the compiled graphs), so a later run with
+  that cache traces the same graph and reuses them, where a new measurement
+  on a busy host could pick the other kernel and compile the step again.
 
 Both compute the same function, forward and backward, including experts that
 receive no tokens, and both trace under torch.compile(fullgraph=True).
@@ -17,6 +20,7 @@ receive no tokens, and both trace under torch.compile(fullgraph=True).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -63,16 +67,61 @@ def _time(fn, *args, repeats: int = 3) -> float:
     return best
 
 
+# Beside the compiled graphs in the (per-rank) compile cache directory.
+CHOICES_FILE = "expert_kernels.json"
+
+
+def _choices_path() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), CHOICES_FILE)
+
+
+def _stored_choices() -> dict[str, str]:
+    try:
+        with open(_choices_path()) as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _keep(key: str, choice: str) -> None:
+    """Add ``key: choice`` to the compile cache's choices (replaced whole, so
+    a process reading it meanwhile sees the old file or the new one)."""
+    path = _choices_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({**_stored_choices(), key: choice}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning(f"Could not keep the expert kernel choice in {path} ({exc}); "
+                       "the next run measures again.")
+
+
 def measure_fastest(dim: int, hidden_dim: int, num_experts: int, tokens: int = 2048) -> str:
-    """Time both kernels on uneven random routing (one expert idle), bf16."""
+    """Time both kernels on uneven random routing (one expert idle), bf16,
+    once per compile cache: the kernel an earlier run with this compile cache
+    used for this shape is used again."""
     key = (dim, hidden_dim, num_experts)
     if key not in _measured:
-        # Models are built under a meta-device context; time on real memory.
-        with torch.device("cpu"):
-            choice = [_measure(dim, hidden_dim, num_experts, tokens)]
+        name = f"{num_experts}x{dim}x{hidden_dim}"
+        stored = _stored_choices().get(name)
+        if stored in _KERNELS:
+            logger.info(f"Expert kernel for {num_experts} experts {dim}x{hidden_dim}: "
+                        f"{stored} (measured by an earlier run, kept in {_choices_path()})")
+            choice = [stored]
+        else:
+            # Models are built under a meta-device context; time on real memory.
+            with torch.device("cpu"):
+                choice = [_measure(dim, hidden_dim, num_experts, tokens)]
         # Every rank runs rank 0's choice, so all ranks trace the same graph.
         if torch.distributed.is_initialized():
             torch.distributed.broadcast_object_list(choice, src=0)
+        if choice[0] != stored:
+            _keep(name, choice[0])
         _measured[key] = choice[0]
     return _measured[key]
 
