@@ -110,18 +110,20 @@ def test_install_adapts_every_copy_and_is_idempotent():
 def test_each_cpu_rank_gets_its_share_of_compile_workers(monkeypatch):
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "compile_threads", None)
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.setattr(torch._utils, "cpu_count", lambda: 8)
-    for ranks, workers in (("1", 8), ("2", 4), ("3", 2), ("16", 1)):
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
-        assert platform._share_compile_workers() == ["torch._inductor.config.compile_threads"]
-        assert inductor_config.compile_threads == workers, ranks
+    # inductor's config module restores its own patches (pytest's would hide the key).
+    with inductor_config.patch(compile_threads=None):
+        for ranks, workers in (("1", 8), ("2", 4), ("3", 2), ("16", 1)):
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
+            assert platform._share_compile_workers() == [
+                "torch._inductor.config.compile_threads"]
+            assert inductor_config.compile_threads == workers, ranks
     # The user's own setting stands.
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "6")
-    inductor_config.compile_threads = 6
-    assert platform._share_compile_workers() == []
-    assert inductor_config.compile_threads == 6
+    with inductor_config.patch(compile_threads=6):
+        assert platform._share_compile_workers() == []
+        assert inductor_config.compile_threads == 6
 
 
 def test_cpu_memory_figure_is_measured_and_resettable():
