@@ -72,29 +72,30 @@ CHOICES_FILE = "expert_kernels.json"
 
 
 def _choices_path() -> str:
+    """``CHOICES_FILE`` in torch's compile cache directory (which
+    ``cache_dir()`` creates)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return os.path.join(cache_dir(), CHOICES_FILE)
 
 
-def _stored_choices() -> dict[str, str]:
+def _stored_choices(path: str) -> dict[str, str]:
     try:
-        with open(_choices_path()) as f:
+        with open(path) as f:
             stored = json.load(f)
     except (OSError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
 
 
-def _keep(key: str, choice: str) -> None:
-    """Add ``key: choice`` to the compile cache's choices (replaced whole, so
-    a process reading it meanwhile sees the old file or the new one)."""
-    path = _choices_path()
+def _keep(path: str, key: str, choice: str) -> None:
+    """Add ``key: choice`` to the choices in ``path``, re-read so another
+    process's entries stay (replaced whole, so a process reading it meanwhile
+    sees the old file or the new one)."""
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump({**_stored_choices(), key: choice}, f, indent=1, sort_keys=True)
+            json.dump({**_stored_choices(path), key: choice}, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
     except OSError as exc:
         logger.warning(f"Could not keep the expert kernel choice in {path} ({exc}); "
@@ -107,11 +108,11 @@ def measure_fastest(dim: int, hidden_dim: int, num_experts: int, tokens: int = 2
     used for this shape is used again."""
     key = (dim, hidden_dim, num_experts)
     if key not in _measured:
-        name = f"{num_experts}x{dim}x{hidden_dim}"
-        stored = _stored_choices().get(name)
+        name, path = f"{num_experts}x{dim}x{hidden_dim}", _choices_path()
+        stored = _stored_choices(path).get(name)
         if stored in _KERNELS:
             logger.info(f"Expert kernel for {num_experts} experts {dim}x{hidden_dim}: "
-                        f"{stored} (measured by an earlier run, kept in {_choices_path()})")
+                        f"{stored} (measured by an earlier run, kept in {path})")
             choice = [stored]
         else:
             # Models are built under a meta-device context; time on real memory.
@@ -121,7 +122,7 @@ def measure_fastest(dim: int, hidden_dim: int, num_experts: int, tokens: int = 2
         if torch.distributed.is_initialized():
             torch.distributed.broadcast_object_list(choice, src=0)
         if choice[0] != stored:
-            _keep(name, choice[0])
+            _keep(path, name, choice[0])
         _measured[key] = choice[0]
     return _measured[key]
 
