@@ -383,7 +383,8 @@ def main() -> int:
     print(f"matmul_peak_gflops={peak / 1e9:.1f} (fp32, 1 thread, 2048^3)", flush=True)
     started = datetime.datetime.now()
     machine = (f"{os.cpu_count()} cores ({host.processor() or host.machine()}), "
-               f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s on 1 thread")
+               f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s on 1 thread, every rank on "
+               f"{ranks_allocator()}")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     cells = []
@@ -402,6 +403,15 @@ def main() -> int:
     print(f"wrote {out / 'bench.md'} and {out / 'bench.png'}")
     # A baseline that fails is a row of the table; this project's cells must run.
     return 0 if all(c.ok() and not c.error for c in cells if c.mode.startswith("simplefsdp")) else 1
+
+
+def ranks_allocator(environ=os.environ) -> str:
+    """What run_train.sh's launcher gives every cell's ranks
+    (``torchtitan_neuron.cpu_allocator``)."""
+    from torchtitan_neuron.cpu_allocator import rank_environment
+
+    preload = rank_environment(environ).get("LD_PRELOAD", environ.get("LD_PRELOAD", ""))
+    return "jemalloc" if "jemalloc" in preload else "glibc malloc"
 
 
 def write_report(cells: list[Cell], out: Path, started: datetime.datetime, machine: str,

@@ -2,7 +2,8 @@
 
 Proves: every warning line the run prints is on the allow-list below (the jit
 deprecation, once); the start-up line says which known upstream warnings were
-hidden and how to show them; the first step's compile is announced with its
+hidden and how to show them, and the ranks' allocator (jemalloc where
+installed); the first step's compile is announced with its
 cache folder, kept alive by heartbeats and timed as a cold cache; rank 0 ends
 with a summary (steps, first and last loss as the step lines print them,
 medians after the first step, peak memory, compile time, where the outputs
@@ -23,6 +24,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from torchtitan_neuron.cpu_allocator import JEMALLOC_CONF, find_jemalloc
 from runlog import run_command
 
 pytestmark = pytest.mark.e2e
@@ -46,7 +48,9 @@ def make_train_command() -> list[str]:
 def test_make_train_reads_clean(tmp_path):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                TORCHTITAN_NEURON_HEARTBEAT_S="5")
-    env.pop("TORCHTITAN_NEURON_SHOW_ALL_WARNINGS", None)
+    for name in ("TORCHTITAN_NEURON_SHOW_ALL_WARNINGS", "TORCHTITAN_NEURON_CPU_ALLOCATOR",
+                 "LD_PRELOAD", "MALLOC_CONF"):
+        env.pop(name, None)
     out = tmp_path / "out"
     result = run_command([*make_train_command(), f"--dump_folder={out}"], env, timeout=900)
     text = result.output
@@ -61,6 +65,12 @@ def test_make_train_reads_clean(tmp_path):
     assert "torchrun" not in text and "OMP_NUM_THREADS" not in text
     assert re.search(r"\d known cpu warnings hidden \(.*\); "
                      r"TORCHTITAN_NEURON_SHOW_ALL_WARNINGS=1 shows them", text)
+
+    # The ranks' allocator: jemalloc, preloaded by the launcher, where installed.
+    if find_jemalloc():
+        assert f"allocator jemalloc (MALLOC_CONF={JEMALLOC_CONF};" in text, text[-4000:]
+    else:
+        assert "allocator glibc malloc; CPU ranks step faster on jemalloc" in text, text[-4000:]
 
     # The compile: announced with the cache folder, heartbeats, timed (cold).
     assert (f"this happens on the first step only (compile cache: {tmp_path / 'inductor'}"

@@ -15,6 +15,8 @@ sees:
   of ``torchtitan_neuron.preflight`` run in their own process while this one
   loads torchrun, and no rank starts unless they pass; a failing check's
   message and exit code are the launch's.
+- CPU ranks run on jemalloc when the host has it, keeping freed memory for
+  the next step (``torchtitan_neuron.cpu_allocator``).
 - Several nodes: when the nodes do not all join torchrun's c10d rendezvous
   within ``join_timeout``, or the rendezvous endpoint cannot be reached, it
   says which, with the endpoint and what to check, and exits 1.
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     args = run.parse_args(argv)
+    _choose_cpu_allocator()
     try:
         run.run(args)
     except SignalException as exc:
@@ -127,6 +130,16 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
+
+
+def _choose_cpu_allocator() -> None:
+    """On a CPU host, the ranks' allocator (``cpu_allocator.rank_environment``)
+    goes into the environment torchrun starts them with."""
+    from torchtitan_neuron import cpu_allocator
+    from torchtitan_neuron.platform import detect
+
+    if detect().name == "cpu":
+        os.environ.update(cpu_allocator.rank_environment())
 
 
 if __name__ == "__main__":

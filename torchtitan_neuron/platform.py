@@ -26,7 +26,7 @@ import torch
 
 from torchtitan.tools.logging import logger
 
-from torchtitan_neuron import known_warnings
+from torchtitan_neuron import cpu_allocator, known_warnings
 
 # Where torchtitan 0.3.0 keeps an import-time copy of ``device_type`` and/or
 # ``device_module``. A test checks this list against torchtitan's source, so a
@@ -535,6 +535,7 @@ def install(platform: Platform | None = None) -> Platform:
         + (f"; adapted {len(touched)} torchtitan globals for {platform.name}"
            if touched else "")
         + (f"; compile cache {', '.join(caches)}" if caches else "")
+        + (f"; {cpu_allocator.describe()}" if platform.name == "cpu" else "")
     )
     hidden_line = known_warnings.describe(hidden, platform.name)
     if hidden_line:
