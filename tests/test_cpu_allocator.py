@@ -54,12 +54,12 @@ def test_without_jemalloc_auto_runs_on_the_c_library(tmp_path):
 
 
 def test_asking_for_a_missing_or_unknown_allocator_says_how_to_fix_it(tmp_path):
-    with pytest.raises(SystemExit) as missing:
+    with pytest.raises(ValueError) as missing:
         rank_environment({ALLOCATOR_ENV: "jemalloc"}, dirs=[str(tmp_path)])
     text = str(missing.value)
     assert f"{ALLOCATOR_ENV}=jemalloc" in text and str(tmp_path) in text
     assert "apt install libjemalloc2" in text and f"{ALLOCATOR_ENV}=auto" in text
-    with pytest.raises(SystemExit) as unknown:
+    with pytest.raises(ValueError) as unknown:
         rank_environment({ALLOCATOR_ENV: "tcmalloc"})
     assert "'tcmalloc' is not an allocator: use auto, jemalloc, system" in str(unknown.value)
 

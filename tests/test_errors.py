@@ -12,7 +12,8 @@ a dataset file with a bad JSON line or no ``text`` field are named (file and
 line); a Trainium-sized recipe whose sharded state alone exceeds the CPU
 host's memory per rank is refused with both figures, its CPU twin and the
 planner command; and a token in the environment never appears in a message. Through
-the launcher as a user runs it: one message, exit 2, no rank started.
+the launcher as a user runs it: one message, exit 2, no rank started (also for
+an unknown ``TORCHTITAN_NEURON_CPU_ALLOCATOR``).
 Checkpoints are written under ``.partial-N`` and renamed when complete.
 
 Tier: fast, but for the launch through run_train.sh (e2e, in ``make test``).
@@ -261,6 +262,16 @@ def test_launcher_refuses_before_any_rank(run, dump_folder):
     assert result.output.count(f"set MODULE={LLAMA}") == 1
     assert "torch.distributed.run" not in result.output and "[rank" not in result.output
     assert elapsed < 60
+
+
+@pytest.mark.e2e
+def test_unknown_cpu_allocator_is_refused_before_any_rank(run, dump_folder):
+    result = run(FAST[:3], env={"TORCHTITAN_NEURON_CPU_ALLOCATOR": "tcmalloc"},
+                 dump_folder=dump_folder)
+    assert result.returncode == 2
+    assert result.output.count("TORCHTITAN_NEURON_CPU_ALLOCATOR='tcmalloc' is not an "
+                               "allocator: use auto, jemalloc, system") == 1
+    assert "Traceback" not in result.output and "[rank" not in result.output
 
 
 def test_trainium_recipe_on_a_cpu_host_is_refused_with_both_figures():

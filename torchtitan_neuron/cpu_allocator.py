@@ -60,11 +60,11 @@ def find_jemalloc(dirs: list[str] | None = None) -> str | None:
 def rank_environment(environ=os.environ, dirs: list[str] | None = None) -> dict[str, str]:
     """The variables to add to CPU ranks' environment (empty: none).
 
-    Raises ``SystemExit`` with the fix when the choice is not one of
+    Raises ``ValueError`` with the fix when the choice is not one of
     ``CHOICES``, or is ``jemalloc`` and jemalloc cannot be found."""
     choice = environ.get(ALLOCATOR_ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
-        raise SystemExit(
+        raise ValueError(
             f"{ALLOCATOR_ENV}={environ[ALLOCATOR_ENV]!r} is not an allocator: use "
             f"{', '.join(CHOICES)} (auto: jemalloc when installed)")
     if choice == "system" or environ.get("LD_PRELOAD"):
@@ -72,7 +72,7 @@ def rank_environment(environ=os.environ, dirs: list[str] | None = None) -> dict[
     path = find_jemalloc(dirs)
     if path is None:
         if choice == "jemalloc":
-            raise SystemExit(
+            raise ValueError(
                 f"{ALLOCATOR_ENV}=jemalloc, but no {' or '.join(JEMALLOC_NAMES)} is in "
                 f"{', '.join(dirs if dirs is not None else library_dirs())}. Install it "
                 f"({INSTALL_HINT}), or set {ALLOCATOR_ENV}=auto to run on the C library's "

@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     args = run.parse_args(argv)
-    _choose_cpu_allocator()
+    try:
+        _choose_cpu_allocator()
+    except ValueError as exc:
+        print(f"torchtitan_neuron.launch: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
     try:
         run.run(args)
     except SignalException as exc:
@@ -134,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _choose_cpu_allocator() -> None:
     """On a CPU host, the ranks' allocator (``cpu_allocator.rank_environment``)
-    goes into the environment torchrun starts them with."""
+    goes into the environment torchrun starts them with; ValueError names a
+    bad ``TORCHTITAN_NEURON_CPU_ALLOCATOR``."""
     from torchtitan_neuron import cpu_allocator
     from torchtitan_neuron.platform import detect
 
