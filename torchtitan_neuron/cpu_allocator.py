@@ -57,24 +57,31 @@ def find_jemalloc(dirs: list[str] | None = None) -> str | None:
     return None
 
 
+def _choice(environ) -> str:
+    """``TORCHTITAN_NEURON_CPU_ALLOCATOR`` as given, lower case; ``auto`` if unset."""
+    return environ.get(ALLOCATOR_ENV, "auto").strip().lower() or "auto"
+
+
 def rank_environment(environ=os.environ, dirs: list[str] | None = None) -> dict[str, str]:
-    """The variables to add to CPU ranks' environment (empty: none).
+    """The variables to add to CPU ranks' environment (empty: none); jemalloc
+    is looked for in ``dirs`` (default: ``library_dirs(environ)``).
 
     Raises ``ValueError`` with the fix when the choice is not one of
     ``CHOICES``, or is ``jemalloc`` and jemalloc cannot be found."""
-    choice = environ.get(ALLOCATOR_ENV, "auto").strip().lower() or "auto"
+    choice = _choice(environ)
     if choice not in CHOICES:
         raise ValueError(
             f"{ALLOCATOR_ENV}={environ[ALLOCATOR_ENV]!r} is not an allocator: use "
             f"{', '.join(CHOICES)} (auto: jemalloc when installed)")
     if choice == "system" or environ.get("LD_PRELOAD"):
         return {}
+    dirs = library_dirs(environ) if dirs is None else dirs
     path = find_jemalloc(dirs)
     if path is None:
         if choice == "jemalloc":
             raise ValueError(
                 f"{ALLOCATOR_ENV}=jemalloc, but no {' or '.join(JEMALLOC_NAMES)} is in "
-                f"{', '.join(dirs if dirs is not None else library_dirs())}. Install it "
+                f"{', '.join(dirs)}. Install it "
                 f"({INSTALL_HINT}), or set {ALLOCATOR_ENV}=auto to run on the C library's "
                 "malloc.")
         return {}
@@ -99,7 +106,7 @@ def describe() -> str:
     if name == "jemalloc":
         return (f"allocator jemalloc (MALLOC_CONF={os.environ.get('MALLOC_CONF', '')}; "
                 f"{ALLOCATOR_ENV}=system for the C library's)")
-    if os.environ.get(ALLOCATOR_ENV, "").strip().lower() == "system":
+    if _choice(os.environ) == "system":
         return f"allocator {name} ({ALLOCATOR_ENV}=system)"
     return (f"allocator {name}; CPU ranks step faster on jemalloc, which "
             f"torchtitan_neuron.launch preloads when installed ({INSTALL_HINT})")
