@@ -3,8 +3,10 @@
 Proves: with torchtitan's selective AC (the default recipes' policy), a model
 compiled with inductor is saved to the AOTAutograd cache on the first run and
 loaded from it by a second process with the same TORCHINDUCTOR_CACHE_DIR,
-instead of being bypassed ("SAC context_fn does not have a cache_hash"); and
-equal policies share one named, picklable context function. The first-step
+instead of being bypassed ("SAC context_fn does not have a cache_hash"); the
+same for a SimpleFSDP model whose bucketed blocks gather in bf16 and
+reduce-scatter in fp32 (a custom autograd.Function, which torch bypasses by
+default); and equal policies share one named, picklable context function. The first-step
 times of a real `make train` run, cold and warm, are measured by
 `make bench-cache` (scripts/bench_compile_cache.py; docs/benchmarks.md).
 
@@ -25,10 +27,10 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from conftest import REPO
 
 
-def _counters(cache_dir) -> dict:
+def _counters(cache_dir, helper: str = "compile_sac_block.py", **env) -> dict:
     proc = subprocess.run(
-        [sys.executable, "tests/helpers/compile_sac_block.py"], cwd=REPO,
-        env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir)),
+        [sys.executable, f"tests/helpers/{helper}"], cwd=REPO,
+        env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -42,6 +44,21 @@ def test_second_run_loads_the_compiled_selective_ac_graph(tmp_path):
     assert cold.get("autograd_cache_saved") == 1 and "autograd_cache_bypass" not in cold, cold
     warm = _counters(tmp_path)
     assert warm.get("autograd_cache_hit") == 1 and "autograd_cache_miss" not in warm, warm
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_second_run_loads_the_compiled_bf16_gather_bucket(tmp_path):
+    """Row `autograd-function-cache`: graphs holding ``_GatherBucket`` (bf16
+    gathers, fp32 reduce-scatters) are saved and loaded; with torch's own
+    default (forced by its environment variable) they are bypassed."""
+    cold = _counters(tmp_path / "on", "compile_bf16_bucket.py")
+    assert cold.get("autograd_cache_saved") == 1 and "autograd_cache_bypass" not in cold, cold
+    warm = _counters(tmp_path / "on", "compile_bf16_bucket.py")
+    assert warm.get("autograd_cache_hit") == 1 and "autograd_cache_miss" not in warm, warm
+    default = _counters(tmp_path / "off", "compile_bf16_bucket.py",
+                        TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD="0")
+    assert default.get("autograd_cache_bypass") == 1, default
 
 
 def test_equal_policies_share_one_picklable_context_fn():

@@ -126,6 +126,12 @@ PINNED: dict[str, dict[str, str]] = {
     "dynamo-side-effects-under-ac": {
         "torch._dynamo.side_effects:SideEffects.check_allowed_side_effect": "2b80bc87546e1d2e",
     },
+    "autograd-function-cache": {
+        # A custom autograd.Function's HOP is cacheable only under the flag.
+        "torch._ops:HigherOrderOperator.cacheable": "4ae0f70b25472218",
+        "torch._inductor.codecache:CacheabilityValidator.validate_graph": "d6903426ae0ca418",
+        "torch._functorch._aot_autograd.autograd_cache:check_node_safe": "e6415b74ffb93cf5",
+    },
     "sac-cache-hash": {
         "torch._functorch._aot_autograd.autograd_cache:_get_context_fn_cache_hash":
             "155b120eea3284a2",

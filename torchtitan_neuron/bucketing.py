@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch._functorch.config
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -77,16 +78,35 @@ class _GatherBucket(torch.autograd.Function):
         return funcol.wait_tensor(out).to(ctx.dtype), None, None, None
 
 
+def _mixed(param_dtype, reduce_dtype) -> bool:
+    """Gathers in one dtype and reduce-scatters in another: ``_GatherBucket``."""
+    return param_dtype is not None and reduce_dtype is not None and param_dtype != reduce_dtype
+
+
+def allow_caching_gather_buckets() -> None:
+    """Let AOTAutograd's on-disk cache keep graphs that hold ``_GatherBucket``.
+
+    torch 2.14 bypasses that cache for any graph with a custom autograd.Function
+    ("Can't cache HigherOrderOperator: autograd_function_apply") unless
+    ``torch._functorch.config.autograd_cache_allow_custom_autograd_functions``
+    is set; then the Function's forward and backward are traced subgraphs of
+    the graph, hashed into its key like the rest of it. Without it a new
+    process traces and compiles the bf16 recipes' block graphs again (warm
+    first step of the default debug recipe: 14.9 s against 4.1 s with it,
+    docs/architecture.md). ``TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=0``
+    in the environment still wins over this."""
+    torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
+
+
 def _all_gather(flat, group_name: str, param_dtype, reduce_dtype):
     """The bucket's all-gather in param_dtype; its backward reduce-scatters
     (sum) in reduce_dtype.
 
     When the two dtypes agree: torch's own differentiable functional
     all-gather (backward: reduce-scatter, sum). Otherwise ``_GatherBucket``,
-    an autograd.Function, which AOTAutograd's cache does not take ("Can't
-    cache HigherOrderOperator: autograd_function_apply"): a new process
-    traces and compiles the model graphs again (docs/architecture.md)."""
-    if param_dtype is None or reduce_dtype is None or param_dtype == reduce_dtype:
+    an autograd.Function, which AOTAutograd's cache keeps only when told to
+    (``allow_caching_gather_buckets``)."""
+    if not _mixed(param_dtype, reduce_dtype):
         if param_dtype is not None:
             flat = flat.to(param_dtype)  # autograd casts the gradient back
         return funcol.wait_tensor(funcol.all_gather_single(flat, 0, group_name))
@@ -216,6 +236,8 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype,
         # unless told not to replay it in the backward's recompute; there is
         # nothing to replay, it only routes tensors to the getters.
         torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+        if _mixed(param_dtype, reduce_dtype):
+            allow_caching_gather_buckets()
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         _install(inner, groups, param_dtype, reduce_dtype)
         blocks += 1
