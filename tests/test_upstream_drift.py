@@ -126,6 +126,16 @@ PINNED: dict[str, dict[str, str]] = {
     "dynamo-side-effects-under-ac": {
         "torch._dynamo.side_effects:SideEffects.check_allowed_side_effect": "2b80bc87546e1d2e",
     },
+    "chunked-loss-lm-head-once": {
+        # Calls self._gradient_backprop after the chunk loop; lm_head is
+        # applied per chunk through its getter.
+        "torchtitan.components.loss:ChunkedLossWrapper.__call__": "658be72da53d45c9",
+        # Reads each lm_head parameter's sharded .grad.
+        "torchtitan.experiments.graph_trainer.chunked_loss:ChunkedLossWrapperWithParamGrads._gradient_backprop":
+            "103799e0609844e2",
+        # Turns the recipes' ChunkedLossWrapper into ChunkedLossWrapperWithParamGrads.
+        "torchtitan.experiments.graph_trainer.configs:to_graph_trainer_config": "43deed158820596a",
+    },
     "autograd-function-cache": {
         # A custom autograd.Function's HOP is cacheable only under the flag.
         "torch._ops:HigherOrderOperator.cacheable": "4ae0f70b25472218",

@@ -8,13 +8,16 @@ and torchtitan's text loader replaced by the layout-invariant one
 """
 
 from collections.abc import Callable
+from dataclasses import fields
 
 from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.experiments.graph_trainer.chunked_loss import ChunkedLossWrapperWithParamGrads
 from torchtitan.experiments.graph_trainer.configs import to_graph_trainer_config
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
+from torchtitan_neuron.chunked_loss import SimpleFSDPChunkedLoss
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
 from torchtitan_neuron.trainer import (
@@ -45,6 +48,10 @@ def neuron_simple_fsdp(
     graph_config.activation_checkpoint = base.activation_checkpoint
     graph_config.model_spec.name = model_name
     graph_config.dataloader = layout_invariant(graph_config.dataloader)
+    # The same chunked loss, with lm_head gathered once per step under SimpleFSDP.
+    if type(graph_config.loss) is ChunkedLossWrapperWithParamGrads.Config:
+        graph_config.loss = SimpleFSDPChunkedLoss.Config(
+            **{f.name: getattr(graph_config.loss, f.name) for f in fields(graph_config.loss)})
     graph_config.compile = NeuronCompileConfig(
         enable=compile_config.enable,
         components=list(compile_config.components),

@@ -31,6 +31,7 @@ from torchtitan.experiments.graph_trainer.simple_fsdp import (
 )
 from torchtitan.tools.logging import logger
 
+from torchtitan_neuron import chunked_loss
 from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
     reshard_after_forward,
@@ -80,6 +81,10 @@ def parallelize_simple_fsdp(
         logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
                     f"{buckets} gathers of at most {bucket_mib} MiB "
                     "(--compile.no-bucketing: per parameter)")
+        # The chunked loss gathers lm_head once per step, not once per chunk.
+        chunked_loss.mark(getattr(model, "lm_head", None),
+                          TORCH_DTYPE_MAP[training.mixed_precision_param],
+                          TORCH_DTYPE_MAP[training.mixed_precision_reduce])
     if getattr(compile_config, "overlap_collectives", False) and compile_config.enable:
         overlap_collectives(compile_config.backend)
     if getattr(compile_config, "prefetch", True) and compile_config.enable:
