@@ -1,12 +1,13 @@
-"""The chunked loss gathers a SimpleFSDP ``lm_head`` once per step.
+"""The chunked loss gathers a SimpleFSDP ``lm_head`` once per microbatch.
 
 Proves, on 2 gloo ranks with an ``lm_head`` whose 15 rows do not split evenly
-(padded), sharded by upstream's ``apply_simple_fsdp``, 4 chunks:
+(padded), sharded by upstream's ``apply_simple_fsdp``, 4 chunks, 2
+microbatches accumulated:
 
 - upstream's ``ChunkedLossWrapperWithParamGrads`` all-gathers the weight and
-  reduce-scatters its gradient once per chunk (4 and 4);
-  ``SimpleFSDPChunkedLoss`` on a marked ``lm_head`` once each;
-- the loss, the hidden states' gradient and the weight's sharded gradient are
+  reduce-scatters its gradient once per chunk (8 and 8);
+  ``SimpleFSDPChunkedLoss`` on a marked ``lm_head`` once per microbatch;
+- the losses, the hidden states' gradients and the weight's accumulated sharded gradient are
   equal to upstream's to 1e-6, with fp32 parameters and with bf16 gathers and
   fp32 reduce-scatters (the chunk gradients are summed in fp32 either way);
 - an unmarked ``lm_head`` (``--compile.no-bucketing``) keeps upstream's
@@ -31,6 +32,7 @@ from torch import nn
 pytestmark = pytest.mark.e2e
 
 AG, RS = "all_gather_into_tensor", "reduce_scatter_tensor"
+MICROBATCHES = 2
 
 
 class Head(nn.Module):
@@ -58,15 +60,20 @@ def _run(dims, kind: str, param_dtype: str):
     marked = chunked_loss.mark(model.lm_head, getattr(torch, param_dtype), torch.float32) \
         if kind == "marked" else 0
     g = torch.Generator().manual_seed(1 + dist.get_rank())
-    hidden = torch.randn(2, 8, 8, generator=g).to(getattr(torch, param_dtype)).requires_grad_()
-    labels = torch.randint(0, 15, (2, 8), generator=g)
+    losses, hidden_grads = [], []
     with CommDebugMode() as comm:
-        loss, _ = loss_fn(hidden, labels, torch.tensor(32.0))
-        loss.backward()
+        for _ in range(MICROBATCHES):  # gradient accumulation
+            hidden = torch.randn(2, 8, 8, generator=g).to(getattr(torch, param_dtype))
+            hidden.requires_grad_()
+            labels = torch.randint(0, 15, (2, 8), generator=g)
+            loss, _ = loss_fn(hidden, labels, torch.tensor(64.0))
+            loss.backward()
+            losses.append(loss.item())
+            hidden_grads.append(hidden.grad.float())
     counts = {str(k): v for k, v in comm.get_comm_counts().items()}
     weight = model.lm_head._parameters["weight"]
     return dict(
-        marked=marked, loss=loss.item(), hidden=hidden.grad.float(),
+        marked=marked, loss=torch.tensor(losses), hidden=torch.stack(hidden_grads),
         grad=weight.grad.to_local().clone(),
         ag=sum(v for k, v in counts.items() if AG in k),
         rs=sum(v for k, v in counts.items() if RS in k))
@@ -88,7 +95,7 @@ def _worker(rank: int, port: int, dtype: str, results) -> None:
         up = runs["upstream"]
         results[rank] = {kind: dict(
             marked=r["marked"], ag=r["ag"], rs=r["rs"],
-            loss_diff=abs(r["loss"] - up["loss"]),
+            loss_diff=(r["loss"] - up["loss"]).abs().max().item(),
             hidden_diff=(r["hidden"] - up["hidden"]).abs().max().item(),
             grad_diff=(r["grad"] - up["grad"]).abs().max().item(),
             grad_rows=r["grad"].shape[0]) for kind, r in runs.items()}
@@ -107,9 +114,10 @@ def test_lm_head_gathered_once_with_equal_gradients(dtype):
     assert len(results) == 2
     for rank, runs in results.items():
         up, unmarked, marked = runs["upstream"], runs["unmarked"], runs["marked"]
-        assert (up["ag"], up["rs"]) == (4, 4), (rank, up)
-        assert (unmarked["ag"], unmarked["rs"]) == (4, 4), (rank, unmarked)
-        assert marked["marked"] == 1 and (marked["ag"], marked["rs"]) == (1, 1), (rank, marked)
+        # 4 chunks, 2 microbatches.
+        assert (up["ag"], up["rs"]) == (8, 8), (rank, up)
+        assert (unmarked["ag"], unmarked["rs"]) == (8, 8), (rank, unmarked)
+        assert marked["marked"] == 1 and (marked["ag"], marked["rs"]) == (2, 2), (rank, marked)
         # 15 rows over 2 ranks: 8 and 7.
         assert marked["grad_rows"] == (8 if rank == 0 else 7)
         for kind in ("unmarked", "marked"):

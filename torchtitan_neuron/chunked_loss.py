@@ -1,4 +1,4 @@
-"""The chunked loss with the output projection gathered once per step.
+"""The chunked loss with the output projection gathered once per microbatch.
 
 torchtitan's chunked loss (``ChunkedLossWrapper``, 8 chunks in every recipe)
 applies ``lm_head`` to each chunk of the sequence outside the compiled model,
@@ -6,7 +6,7 @@ and runs each chunk's backward before the next. Under FSDP2 it unshards
 ``lm_head`` once for the loop and reduce-scatters its gradient once, at the
 last chunk. Under SimpleFSDP every use of the weight goes through its
 parametrization: each chunk all-gathers the weight and reduce-scatters its
-gradient, 8 gathers and 8 reduce-scatters a step, all eager.
+gradient, 8 gathers and 8 reduce-scatters a microbatch, all eager.
 
 ``SimpleFSDPChunkedLoss`` does what FSDP2 does. Before the loop it gathers each
 FSDP-sharded ``lm_head`` parameter once in ``param_dtype`` (as the getter
@@ -59,6 +59,7 @@ class _Once:
         self.entries, self.param_dtype, self.reduce_dtype = lm_head.__dict__[_ONCE]
         self.leaves: list[torch.Tensor] = []
         self.sums: list[torch.Tensor | None] = []
+        self.hooks: list = []
 
     def __enter__(self) -> _Once:
         for i, (group_name, e) in enumerate(self.entries):
@@ -69,7 +70,8 @@ class _Once:
             leaf = full.detach().requires_grad_()
             self.leaves.append(leaf)
             self.sums.append(None)
-            leaf.register_post_accumulate_grad_hook(lambda t, i=i: self._add(i, t))
+            self.hooks.append(
+                leaf.register_post_accumulate_grad_hook(lambda t, i=i: self._add(i, t)))
             view = leaf if e.tp is None else DTensor.from_local(leaf, e.tp[0], e.tp[1])
             e.module.__dict__.setdefault(_BUCKET, {})[e.name] = view
         return self
@@ -85,7 +87,8 @@ class _Once:
     def reduce(self) -> None:
         """One reduce-scatter (sum) per parameter of the accumulated
         gradient; the shard is added to the parameter's ``.grad``."""
-        for (group_name, e), total in zip(self.entries, self.sums):
+        for i, (group_name, e) in enumerate(self.entries):
+            total, self.sums[i] = self.sums[i], None
             if total is None:
                 continue
             param = e.module._parameters[e.name]
@@ -104,6 +107,11 @@ class _Once:
             param.grad = grad if param.grad is None else param.grad + grad
 
     def __exit__(self, *exc) -> None:
+        # The hooks refer back to this object: drop them, the leaves and the
+        # sums now, not when the garbage collector finds the cycle.
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks, self.leaves, self.sums = [], [], []
         for _, e in self.entries:
             e.module.__dict__.get(_BUCKET, {}).pop(e.name, None)
 

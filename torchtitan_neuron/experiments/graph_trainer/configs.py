@@ -48,7 +48,7 @@ def neuron_simple_fsdp(
     graph_config.activation_checkpoint = base.activation_checkpoint
     graph_config.model_spec.name = model_name
     graph_config.dataloader = layout_invariant(graph_config.dataloader)
-    # The same chunked loss, with lm_head gathered once per step under SimpleFSDP.
+    # The same chunked loss, with lm_head gathered once per microbatch under SimpleFSDP.
     if type(graph_config.loss) is ChunkedLossWrapperWithParamGrads.Config:
         graph_config.loss = SimpleFSDPChunkedLoss.Config(
             **{f.name: getattr(graph_config.loss, f.name) for f in fields(graph_config.loss)})

@@ -81,10 +81,12 @@ def parallelize_simple_fsdp(
         logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
                     f"{buckets} gathers of at most {bucket_mib} MiB "
                     "(--compile.no-bucketing: per parameter)")
-        # The chunked loss gathers lm_head once per step, not once per chunk.
-        chunked_loss.mark(getattr(model, "lm_head", None),
-                          TORCH_DTYPE_MAP[training.mixed_precision_param],
-                          TORCH_DTYPE_MAP[training.mixed_precision_reduce])
+        # The chunked loss gathers lm_head once per microbatch, not once per chunk.
+        if chunked_loss.mark(getattr(model, "lm_head", None),
+                             TORCH_DTYPE_MAP[training.mixed_precision_param],
+                             TORCH_DTYPE_MAP[training.mixed_precision_reduce]):
+            logger.info("SimpleFSDP bucketing: lm_head gathered once per microbatch for the "
+                        "chunked loss, its gradient reduce-scattered once")
     if getattr(compile_config, "overlap_collectives", False) and compile_config.enable:
         overlap_collectives(compile_config.backend)
     if getattr(compile_config, "prefetch", True) and compile_config.enable:
