@@ -13,29 +13,10 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w1, self.w2 = nn.Linear(32, 64), nn.Linear(64, 32)
-
-    def forward(self, x):
-        return x + self.w2(torch.relu(self.w1(x)))
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleDict({"0": Block(), "1": Block()})
-
-    def forward(self, x):
-        for block in self.layers.values():
-            x = block(x)
-        return x
+from compile_sac_block import Model  # noqa: E402  (the same two-block model)
 
 
 def _worker(rank: int, port: int, results) -> None:
