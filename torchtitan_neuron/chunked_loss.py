@@ -92,9 +92,9 @@ class _Once:
             if total is None:
                 continue
             param = e.module._parameters[e.name]
-            world = e.numel // (e.pad_rows * math.prod(e.shape[1:]))  # FSDP degree
+            # Rows of the padded gathered parameter: pad_rows from every FSDP rank.
+            short = e.numel // math.prod(e.shape[1:]) - total.shape[0]
             padded = total
-            short = world * e.pad_rows - total.shape[0]
             if short:
                 padded = torch.cat([total, total.new_zeros((short, *total.shape[1:]))])
             shard = funcol.wait_tensor(

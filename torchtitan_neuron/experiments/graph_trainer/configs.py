@@ -8,7 +8,6 @@ and torchtitan's text loader replaced by the layout-invariant one
 """
 
 from collections.abc import Callable
-from dataclasses import fields
 
 from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -50,8 +49,7 @@ def neuron_simple_fsdp(
     graph_config.dataloader = layout_invariant(graph_config.dataloader)
     # The same chunked loss, with lm_head gathered once per microbatch under SimpleFSDP.
     if type(graph_config.loss) is ChunkedLossWrapperWithParamGrads.Config:
-        graph_config.loss = SimpleFSDPChunkedLoss.Config(
-            **{f.name: getattr(graph_config.loss, f.name) for f in fields(graph_config.loss)})
+        graph_config.loss = promote(graph_config.loss, SimpleFSDPChunkedLoss.Config)
     graph_config.compile = NeuronCompileConfig(
         enable=compile_config.enable,
         components=list(compile_config.components),

@@ -72,19 +72,14 @@ def parallelize_simple_fsdp(
     reshard_after_forward(model)
     if getattr(compile_config, "bucketing", True) and parallel_dims.fsdp_enabled:
         bucket_mib = getattr(compile_config, "bucket_mib", DEFAULT_BUCKET_MIB)
-        blocks, params, buckets = bucket_blocks(
-            model,
-            TORCH_DTYPE_MAP[training.mixed_precision_param],
-            TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-            bucket_mib,
-        )
+        param_dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+        reduce_dtype = TORCH_DTYPE_MAP[training.mixed_precision_reduce]
+        blocks, params, buckets = bucket_blocks(model, param_dtype, reduce_dtype, bucket_mib)
         logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
                     f"{buckets} gathers of at most {bucket_mib} MiB "
                     "(--compile.no-bucketing: per parameter)")
         # The chunked loss gathers lm_head once per microbatch, not once per chunk.
-        if chunked_loss.mark(getattr(model, "lm_head", None),
-                             TORCH_DTYPE_MAP[training.mixed_precision_param],
-                             TORCH_DTYPE_MAP[training.mixed_precision_reduce]):
+        if chunked_loss.mark(getattr(model, "lm_head", None), param_dtype, reduce_dtype):
             logger.info("SimpleFSDP bucketing: lm_head gathered once per microbatch for the "
                         "chunked loss, its gradient reduce-scattered once")
     if getattr(compile_config, "overlap_collectives", False) and compile_config.enable:
