@@ -36,8 +36,11 @@ median step time over steps 3..N (rank 0's log timestamps), the median
 tokens/s per rank and MFU from the step lines, the peak of the step line's
 per-rank memory figure, and the per-rank sharded state (parameters,
 gradients, optimizer state). MFU is against the 1-thread fp32 matmul peak
-measured at the start of the run (2048^3 ``torch.mm``, median of 7), which
-the ranks are given as ``TORCHTITAN_NEURON_CPU_PEAK_FLOPS``.
+(2048^3 ``torch.mm``, median of 7), read at the start of the run (the ranks
+are given it as ``TORCHTITAN_NEURON_CPU_PEAK_FLOPS``) and again at the end:
+the higher reading is the peak, and the report rescales the ranks' MFU to it.
+A process left running on the machine lowers a reading; when the two differ
+by more than 10%, the report says so.
 
 Writes ``<out>/bench.md`` (the tables) and ``<out>/bench.png`` (the plot),
 and prints ``key=value`` lines per model: ``simplefsdp_vs_fsdp2_tokens_per_s_ratio``,
@@ -193,6 +196,34 @@ def matmul_peak_flops() -> float:
     return measure_matmul_flops(torch.float32, n=2048, repeats=7)
 
 
+@dataclass
+class Peak:
+    """The matmul peak of a run: read at its start (the figure the ranks were
+    given) and at its end; the higher reading is the peak."""
+    start: float
+    end: float | None = None
+
+    @property
+    def flops(self) -> float:
+        return max(self.start, self.end or 0.0)
+
+    @property
+    def scale(self) -> float:
+        """Multiplies an MFU the ranks computed against ``start``."""
+        return self.start / self.flops
+
+    def describe(self) -> str:
+        text = f"fp32 matmul peak {self.flops / 1e9:.1f} GFLOP/s on 1 thread"
+        if self.end is None:
+            return text + " (read at the start)"
+        text += f" (read {self.start / 1e9:.1f} at the start, {self.end / 1e9:.1f} at the end"
+        low = min(self.start, self.end) / self.flops
+        if low < 0.9:
+            text += (f"; the lower reading is {low:.0%} of the higher: something else was "
+                     f"running on the machine during it, or the machine's speed changed")
+        return text + ")"
+
+
 def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
              overrides: list[str], threads: int = 1) -> None:
     recipe, mode_args = MODES[cell.mode]
@@ -240,7 +271,9 @@ def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None or x != x else format(x, spec)
 
 
-def table(cells: list[Cell], models: dict[str, Model]) -> list[str]:
+def table(cells: list[Cell], models: dict[str, Model], mfu_scale: float = 1.0) -> list[str]:
+    """The rows of bench.md; ``mfu_scale`` converts the ranks' MFU to the
+    peak the report uses (``Peak.scale``)."""
     rows = ["| model | mode | ranks | compile | AC | step (s), median [min, max] | "
             "tokens/s per rank | MFU vs matmul peak | peak memory per rank (GiB) | "
             "params / grads / optimizer per rank (MiB) | first step cold / warm (s) |",
@@ -256,13 +289,14 @@ def table(cells: list[Cell], models: dict[str, Model]) -> list[str]:
         rows.append(
             f"| {models[c.model].title} | {c.mode} | {c.ranks} | {c.backend()} | {c.ac()} | "
             f"{statistics.median(steps):.3f} [{min(steps):.3f}, {max(steps):.3f}] | "
-            f"{c.median('tps'):.0f} | {c.median('mfu_pct'):.1f}% | {c.memory_gib():.2f} | "
+            f"{c.median('tps'):.0f} | {c.median('mfu_pct') * mfu_scale:.1f}% | "
+            f"{c.memory_gib():.2f} | "
             + (" / ".join(f"{x:.2f}" for x in state) if state else "n/a")
             + f" | {_fmt(cold, '.1f')} / {_fmt(warm, '.1f')} |")
     return rows
 
 
-def summary(cells: list[Cell]) -> list[str]:
+def summary(cells: list[Cell], mfu_scale: float = 1.0) -> list[str]:
     lines = []
     by = {(c.model, c.mode, c.ranks): c for c in cells if c.ok() and not c.error}
     failed = {(c.model, c.mode, c.ranks) for c in cells if not c.ok() or c.error}
@@ -279,7 +313,7 @@ def summary(cells: list[Cell]) -> list[str]:
         elif (model, "aot_fx_trace", 2) in failed:
             parts.append("simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed")
         if simple:
-            parts.append(f"mfu_vs_matmul_peak={simple.median('mfu_pct') / 100:.3f}")
+            parts.append(f"mfu_vs_matmul_peak={simple.median('mfu_pct') * mfu_scale / 100:.3f}")
         if simple and one:
             # The same model's 1-rank MFU, at the global batch on one process.
             parts.append("mfu_vs_one_rank="
@@ -379,23 +413,24 @@ def main() -> int:
     if opts.steps < 12:
         parser.error("--steps must be at least 12 (steps 1-2 warm up, 3.. are timed)")
 
-    peak = matmul_peak_flops()
-    print(f"matmul_peak_gflops={peak / 1e9:.1f} (fp32, 1 thread, 2048^3)", flush=True)
+    peak = Peak(matmul_peak_flops())
+    print(f"matmul_peak_gflops={peak.start / 1e9:.1f} (fp32, 1 thread, 2048^3, at the start)",
+          flush=True)
     started = datetime.datetime.now()
-    machine = (f"{os.cpu_count()} cores ({host.processor() or host.machine()}), "
-               f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s on 1 thread, every rank on "
-               f"{ranks_allocator()}")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     cells = []
     for name in names:
         for mode, ranks in wanted or MODELS[name].cells:
             cell = Cell(name, mode, ranks)
-            run_cell(cell, MODELS[name], opts.launches, opts.steps, peak, overrides,
+            run_cell(cell, MODELS[name], opts.launches, opts.steps, peak.start, overrides,
                      opts.threads)
             cells.append(cell)
             # Written after every cell: a long run stopped part-way keeps what it measured.
-            rows, lines = write_report(cells, out, started, machine, opts)
+            write_report(cells, out, started, peak, opts)
+    peak.end = matmul_peak_flops()
+    print(f"matmul_peak_gflops={peak.end / 1e9:.1f} (fp32, 1 thread, 2048^3, at the end)")
+    rows, lines = write_report(cells, out, started, peak, opts)
     print()
     print("\n".join(rows))
     print()
@@ -414,10 +449,12 @@ def ranks_allocator(environ=os.environ) -> str:
     return "jemalloc" if "jemalloc" in preload else "glibc malloc"
 
 
-def write_report(cells: list[Cell], out: Path, started: datetime.datetime, machine: str,
+def write_report(cells: list[Cell], out: Path, started: datetime.datetime, peak: Peak,
                  opts) -> tuple[list[str], list[str]]:
     minutes = (datetime.datetime.now() - started).total_seconds() / 60
-    rows, lines = table(cells, MODELS), summary(cells)
+    rows, lines = table(cells, MODELS, peak.scale), summary(cells, peak.scale)
+    machine = (f"{os.cpu_count()} cores ({host.processor() or host.machine()}), "
+               f"{peak.describe()}, every rank on {ranks_allocator()}")
     (out / "bench.md").write_text(
         f"# Benchmark: SimpleFSDP jit against the alternatives\n\n"
         f"Measured {started:%Y-%m-%d %H:%M} on {machine}; {opts.launches} launches per "
@@ -426,7 +463,8 @@ def write_report(cells: list[Cell], out: Path, started: datetime.datetime, machi
         f"Command: `{' '.join(['scripts/bench.py', *sys.argv[1:]])}`.\n\n"
         + "\n".join(rows) + "\n\n```\n" + "\n".join(lines) + "\n```\n")
     plot(cells, MODELS, out / "bench.png",
-         f"torchtitan_neuron bench, {started:%Y-%m-%d}, {machine}")
+         f"torchtitan_neuron bench, {started:%Y-%m-%d}, {os.cpu_count()} cores, fp32 matmul "
+         f"peak {peak.flops / 1e9:.1f} GFLOP/s on 1 thread, every rank on {ranks_allocator()}")
     return rows, lines
 
 

@@ -5,7 +5,8 @@ thousands separator in tps): scripts/runlog.py reads each step's time, loss,
 memory, tokens/s and MFU, the first step from "Training starts", and the
 step times; scripts/bench.py turns launches into the median of per-launch
 medians, the cold/warm first step, the sharded state, and the ratio lines
-(SimpleFSDP over FSDP2 tokens/s, MFU as a fraction of the matmul peak),
+(SimpleFSDP over FSDP2 tokens/s, MFU as a fraction of the matmul peak, the
+peak the higher of its readings at the start and the end),
 and bench.png: one panel per model, a bar per cell labelled with spaces
 intact, its tokens/s and step time, a failed cell said so.
 
@@ -99,6 +100,32 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
     failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
                         error="RuntimeError: boom")
     assert "failed: `RuntimeError: boom`" in bench.table([failed], bench.MODELS)[2]
+
+
+def test_mfu_is_against_the_higher_of_the_two_peak_readings():
+    """A peak read while something else ran is low and would put MFU above
+    100%: the report takes the higher of the start and end readings, rescales
+    the ranks' MFU (computed against the start reading) to it, and says when
+    the readings disagree."""
+    simple = bench.Cell("tiny", "simplefsdp", 2, [_log(90.0, [1.0] * 3, [1000] * 4, 120.0)])
+    one = bench.Cell("tiny", "simplefsdp", 1, [_log(9.0, [1.0] * 3, [2000] * 4, 150.0)])
+    peak = bench.Peak(start=50e9)
+    assert peak.scale == 1.0 and peak.describe().endswith("(read at the start)")
+    peak.end = 100e9
+    assert peak.flops == 100e9 and peak.scale == 0.5
+    [line] = bench.summary([simple, one], peak.scale)
+    # Against the peak the ranks were given, against the higher one; the
+    # ratio of two MFUs of one run does not move.
+    assert "mfu_vs_matmul_peak=0.600 mfu_vs_one_rank=0.800" in line
+    assert "| 1000 | 60.0% |" in bench.table([simple], bench.MODELS, peak.scale)[2]
+    assert peak.describe() == (
+        "fp32 matmul peak 100.0 GFLOP/s on 1 thread (read 50.0 at the start, 100.0 at the "
+        "end; the lower reading is 50% of the higher: something else was running on the "
+        "machine during it, or the machine's speed changed)")
+    # Readings within 10% of each other: no warning, the higher one is used.
+    steady = bench.Peak(start=100e9, end=95e9)
+    assert steady.scale == 1.0 and steady.describe() == (
+        "fp32 matmul peak 100.0 GFLOP/s on 1 thread (read 100.0 at the start, 95.0 at the end)")
 
 
 def test_plot_draws_a_panel_per_model_with_readable_labels(tmp_path):
