@@ -30,8 +30,10 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
   with every core busy and no communication: the ceiling of the N-rank
   cell's MFU on this machine (``mfu_no_comm_vs_one_rank``).
 
-Each cell runs ``--launches`` times. Launch 1 starts from an empty compile
-cache (cold first step), the later ones reuse it (warm). A launch reports the
+Each cell runs ``--launches`` times, a model's cells round by round (each
+cell's first launch, then each cell's second, ...), so a drift in the
+machine's speed moves them alike. Launch 1 of a cell starts from an empty
+compile cache (cold first step), its later ones reuse it (warm). A launch reports the
 median step time over steps 3..N (rank 0's log timestamps), the median
 tokens/s per rank and MFU from the step lines, the peak of the step line's
 per-rank memory figure, and the per-rank sharded state (parameters,
@@ -51,6 +53,7 @@ model's 1-rank MFU), ``mfu_no_comm_vs_one_rank`` (the same for the
 """
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform as host
@@ -78,7 +81,7 @@ MODES = {
     "simplefsdp_no_prefetch": ("simplefsdp", ["--compile.no-prefetch"]),
     # A subcommand (activation-checkpoint:...) goes last on the command line.
     "simplefsdp_no_ac": ("simplefsdp", ["activation-checkpoint:none"]),
-    # Its ranks are independent 1-rank processes (run_cell).
+    # Its ranks are independent 1-rank processes (launch_cell).
     NO_COMM: ("simplefsdp", []),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
@@ -224,8 +227,11 @@ class Peak:
         return text + ")"
 
 
-def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
-             overrides: list[str], threads: int = 1) -> None:
+def launch_cell(cell: Cell, model: Model, n: int, steps: int, peak: float,
+                overrides: list[str], threads: int, tmp: str) -> None:
+    """Launch ``cell`` once more (its launch ``n``, from 0), with its compile
+    cache in ``tmp``: empty at launch 0 (cold), its own earlier launches'
+    after (warm). A failed launch sets ``cell.error``."""
     recipe, mode_args = MODES[cell.mode]
     module, config = getattr(model, recipe)
     subcommands = [a for a in mode_args if a.startswith("activation-checkpoint:")]
@@ -240,31 +246,41 @@ def run_cell(cell: Cell, model: Model, launches: int, steps: int, peak: float,
             "--training.local_batch_size", str(model.global_batch // cell.ranks),
             *model.extra, *(a for a in mode_args if a not in subcommands), *overrides,
             *subcommands]
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        env = {"OMP_NUM_THREADS": str(threads), "TORCHTITAN_NEURON_CPU_PEAK_FLOPS": f"{peak:.6e}",
-               "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "compile-cache")}
-        # The no-communication cell: its ranks as 1-rank processes, started together.
-        copies, ngpu = (cell.ranks, 1) if cell.mode == NO_COMM else (1, cell.ranks)
-        for n in range(launches):
-            with ThreadPoolExecutor(copies) as pool:
-                runs = list(pool.map(
-                    lambda k: launch(args, ngpu=ngpu, module=module, config=config, env=env,
-                                     dump_folder=Path(tmp) / f"out{n}-{k}"), range(copies)))
-            for run in runs:
-                cell.launches.append(run)
-                if run.returncode != 0 or not run.steps:
-                    lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]
-                    cell.error = (lines[-1] if lines else run.tail(300)).strip()[:300]
-                    print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: FAILED "
-                          f"(exit {run.returncode}): {cell.error}", flush=True)
-                    return
-                print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: first step "
-                      f"{run.first_step_s():.1f} s, "
-                      f"step {statistics.median(run.step_times(3)):.3f} s, "
-                      f"tps/rank {run.median('tps', 3):.0f}, "
-                      f"mfu {run.median('mfu_pct', 3):.2f}%, "
-                      f"memory {max(s.memory_gib for s in run.steps):.2f} GiB, "
-                      f"loss {run.steps[-1].loss:.4f}", flush=True)
+    env = {"OMP_NUM_THREADS": str(threads), "TORCHTITAN_NEURON_CPU_PEAK_FLOPS": f"{peak:.6e}",
+           "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "compile-cache")}
+    # The no-communication cell: its ranks as 1-rank processes, started together.
+    copies, ngpu = (cell.ranks, 1) if cell.mode == NO_COMM else (1, cell.ranks)
+    with ThreadPoolExecutor(copies) as pool:
+        runs = list(pool.map(
+            lambda k: launch(args, ngpu=ngpu, module=module, config=config, env=env,
+                             dump_folder=Path(tmp) / f"out{n}-{k}"), range(copies)))
+    for run in runs:
+        cell.launches.append(run)
+        if run.returncode != 0 or not run.steps:
+            lines = [l for l in run.output.splitlines() if "Error" in l or "error" in l]
+            cell.error = (lines[-1] if lines else run.tail(300)).strip()[:300]
+            print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: FAILED "
+                  f"(exit {run.returncode}): {cell.error}", flush=True)
+            return
+        print(f"{cell.model} {cell.mode} x{cell.ranks} launch {n + 1}: first step "
+              f"{run.first_step_s():.1f} s, "
+              f"step {statistics.median(run.step_times(3)):.3f} s, "
+              f"tps/rank {run.median('tps', 3):.0f}, "
+              f"mfu {run.median('mfu_pct', 3):.2f}%, "
+              f"memory {max(s.memory_gib for s in run.steps):.2f} GiB, "
+              f"loss {run.steps[-1].loss:.4f}", flush=True)
+
+
+def run_model(name: str, cells: list[Cell], launches: int, launch_one) -> None:
+    """Launch each of a model's cells ``launches`` times, round by round: every
+    cell's first launch, then every cell's second, and so on, so a drift in the
+    machine's speed during the run moves every cell alike instead of the cells
+    that happened to run late. A cell that failed is not launched again.
+    ``launch_one(cell, n)`` launches a cell once."""
+    for n in range(launches):
+        for cell in cells:
+            if cell.model == name and not cell.error:
+                launch_one(cell, n)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -419,15 +435,21 @@ def main() -> int:
     started = datetime.datetime.now()
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    cells = []
-    for name in names:
-        for mode, ranks in wanted or MODELS[name].cells:
-            cell = Cell(name, mode, ranks)
-            run_cell(cell, MODELS[name], opts.launches, opts.steps, peak.start, overrides,
-                     opts.threads)
-            cells.append(cell)
-            # Written after every cell: a long run stopped part-way keeps what it measured.
-            write_report(cells, out, started, peak, opts)
+    cells = [Cell(name, mode, ranks) for name in names
+             for mode, ranks in wanted or MODELS[name].cells]
+    with contextlib.ExitStack() as stack:
+        # Each cell's compile cache, kept across its launches.
+        caches = {id(c): stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-"))
+                  for c in cells}
+
+        def launch_one(cell: Cell, n: int) -> None:
+            launch_cell(cell, MODELS[cell.model], n, opts.steps, peak.start, overrides,
+                        opts.threads, caches[id(cell)])
+            # Written after every launch: a long run stopped part-way keeps what it measured.
+            write_report([c for c in cells if c.launches], out, started, peak, opts)
+
+        for name in names:
+            run_model(name, cells, opts.launches, launch_one)
     peak.end = matmul_peak_flops()
     print(f"matmul_peak_gflops={peak.end / 1e9:.1f} (fp32, 1 thread, 2048^3, at the end)")
     rows, lines = write_report(cells, out, started, peak, opts)

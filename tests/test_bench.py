@@ -179,7 +179,7 @@ def test_ceiling_counts_every_matmul_of_the_model(name):
 
 
 @pytest.mark.parametrize("overrides", [[], ["--training.steps", "3"]])
-def test_an_ac_subcommand_mode_ends_the_command_line(monkeypatch, overrides):
+def test_an_ac_subcommand_mode_ends_the_command_line(monkeypatch, tmp_path, overrides):
     # tyro reads everything after ``activation-checkpoint:none`` as that
     # subcommand's options, so the mode's subcommand must come after the
     # trainer flags, the user's overrides and the dump folder.
@@ -192,14 +192,14 @@ def test_an_ac_subcommand_mode_ends_the_command_line(monkeypatch, overrides):
     # runlog.launch() builds the real command line; only running it is faked.
     monkeypatch.setattr(runlog, "run_command", fake_run_command)
     cell = bench.Cell("tiny", "simplefsdp_no_ac", 2)
-    bench.run_cell(cell, bench.MODELS["tiny"], 1, 4, 1e9, overrides)
+    bench.launch_cell(cell, bench.MODELS["tiny"], 0, 4, 1e9, overrides, 1, str(tmp_path))
     assert seen and seen[0][-1] == "activation-checkpoint:none", seen
     assert seen[0].count("activation-checkpoint:none") == 1
     assert overrides == seen[0][-1 - len(overrides):-1]
     assert seen[0][1].startswith("--dump_folder="), seen
 
 
-def test_the_no_comm_cell_starts_its_ranks_as_one_rank_processes_at_once(monkeypatch):
+def test_the_no_comm_cell_starts_its_ranks_as_one_rank_processes_at_once(monkeypatch, tmp_path):
     # simplefsdp_no_comm:2 is two 1-rank runs at the 2-rank local batch (and
     # no gradient accumulation), running together (each waits for the other
     # to have started).
@@ -215,13 +215,40 @@ def test_the_no_comm_cell_starts_its_ranks_as_one_rank_processes_at_once(monkeyp
 
     monkeypatch.setattr(runlog, "run_command", fake_run_command)
     cell = bench.Cell("tiny", "simplefsdp_no_comm", 2)
-    bench.run_cell(cell, bench.MODELS["tiny"], 1, 12, 1e9, [])
+    bench.launch_cell(cell, bench.MODELS["tiny"], 0, 12, 1e9, [], 1, str(tmp_path))
     assert [ngpu for _, ngpu in seen] == ["1", "1"]
     for argv, _ in seen:
         assert argv[argv.index("--training.local_batch_size") + 1] == "4"
         assert argv[argv.index("--training.global_batch_size") + 1] == "4"
     assert len({argv[1] for argv, _ in seen}) == 2, "each process its own dump folder"
     assert len(cell.launches) == 2
+
+
+def test_a_models_cells_run_round_by_round_each_with_its_own_cache(monkeypatch, tmp_path):
+    """Every cell's first launch, then every cell's second: a drift in the
+    machine's speed moves all cells alike. Each cell keeps its compile cache
+    across its launches (cold, then warm) and no other cell shares it; a cell
+    that failed is not launched again."""
+    order = []
+
+    def fake_run_command(argv, env, **options):
+        order.append((env["CONFIG"], env["TORCHINDUCTOR_CACHE_DIR"]))
+        if "graph_trainer" in order[-1][0]:
+            return Run(1, "RuntimeError: boom", 1.0)
+        return _log(9.0, [0.9] * 3, [1100] * 4, 38.0)
+
+    monkeypatch.setattr(runlog, "run_command", fake_run_command)
+    cells = [bench.Cell("tiny", m, 2) for m in ("simplefsdp", "aot_fx_trace", "fsdp2")]
+    caches = {id(c): str(tmp_path / c.mode) for c in cells}
+    bench.run_model("tiny", cells, 3, lambda cell, n: bench.launch_cell(
+        cell, bench.MODELS["tiny"], n, 12, 1e9, [], 1, caches[id(cell)]))
+    simple, fx, fsdp2 = (bench.MODELS["tiny"].simplefsdp[1], bench.MODELS["tiny"].fx[1],
+                         bench.MODELS["tiny"].fsdp2[1])
+    assert [config for config, _ in order] == [simple, fx, fsdp2, simple, fsdp2, simple, fsdp2]
+    for config in (simple, fsdp2):
+        assert len({cache for c, cache in order if c == config}) == 1
+    assert len({cache for _, cache in order}) == 3
+    assert [len(c.launches) for c in cells] == [3, 1, 3] and cells[1].error
 
 
 def test_ceiling_times_the_update_of_all_parameters_and_of_one_shard():
