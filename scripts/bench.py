@@ -271,15 +271,15 @@ def launch_cell(cell: Cell, model: Model, n: int, steps: int, peak: float,
               f"loss {run.steps[-1].loss:.4f}", flush=True)
 
 
-def run_model(name: str, cells: list[Cell], launches: int, launch_one) -> None:
-    """Launch each of a model's cells ``launches`` times, round by round: every
+def run_model(cells: list[Cell], launches: int, launch_one) -> None:
+    """Launch each of one model's cells ``launches`` times, round by round: every
     cell's first launch, then every cell's second, and so on, so a drift in the
     machine's speed during the run moves every cell alike instead of the cells
     that happened to run late. A cell that failed is not launched again.
     ``launch_one(cell, n)`` launches a cell once."""
     for n in range(launches):
         for cell in cells:
-            if cell.model == name and not cell.error:
+            if not cell.error:
                 launch_one(cell, n)
 
 
@@ -449,7 +449,7 @@ def main() -> int:
             write_report([c for c in cells if c.launches], out, started, peak, opts)
 
         for name in names:
-            run_model(name, cells, opts.launches, launch_one)
+            run_model([c for c in cells if c.model == name], opts.launches, launch_one)
     peak.end = matmul_peak_flops()
     print(f"matmul_peak_gflops={peak.end / 1e9:.1f} (fp32, 1 thread, 2048^3, at the end)")
     rows, lines = write_report(cells, out, started, peak, opts)
@@ -475,8 +475,9 @@ def write_report(cells: list[Cell], out: Path, started: datetime.datetime, peak:
                  opts) -> tuple[list[str], list[str]]:
     minutes = (datetime.datetime.now() - started).total_seconds() / 60
     rows, lines = table(cells, MODELS, peak.scale), summary(cells, peak.scale)
+    allocator = ranks_allocator()
     machine = (f"{os.cpu_count()} cores ({host.processor() or host.machine()}), "
-               f"{peak.describe()}, every rank on {ranks_allocator()}")
+               f"{peak.describe()}, every rank on {allocator}")
     (out / "bench.md").write_text(
         f"# Benchmark: SimpleFSDP jit against the alternatives\n\n"
         f"Measured {started:%Y-%m-%d %H:%M} on {machine}; {opts.launches} launches per "
@@ -486,7 +487,7 @@ def write_report(cells: list[Cell], out: Path, started: datetime.datetime, peak:
         + "\n".join(rows) + "\n\n```\n" + "\n".join(lines) + "\n```\n")
     plot(cells, MODELS, out / "bench.png",
          f"torchtitan_neuron bench, {started:%Y-%m-%d}, {os.cpu_count()} cores, fp32 matmul "
-         f"peak {peak.flops / 1e9:.1f} GFLOP/s on 1 thread, every rank on {ranks_allocator()}")
+         f"peak {peak.flops / 1e9:.1f} GFLOP/s on 1 thread, every rank on {allocator}")
     return rows, lines
 
 

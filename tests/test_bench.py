@@ -240,7 +240,7 @@ def test_a_models_cells_run_round_by_round_each_with_its_own_cache(monkeypatch, 
     monkeypatch.setattr(runlog, "run_command", fake_run_command)
     cells = [bench.Cell("tiny", m, 2) for m in ("simplefsdp", "aot_fx_trace", "fsdp2")]
     caches = {id(c): str(tmp_path / c.mode) for c in cells}
-    bench.run_model("tiny", cells, 3, lambda cell, n: bench.launch_cell(
+    bench.run_model(cells, 3, lambda cell, n: bench.launch_cell(
         cell, bench.MODELS["tiny"], n, 12, 1e9, [], 1, caches[id(cell)]))
     simple, fx, fsdp2 = (bench.MODELS["tiny"].simplefsdp[1], bench.MODELS["tiny"].fx[1],
                          bench.MODELS["tiny"].fsdp2[1])
