@@ -81,6 +81,8 @@ MODES = {
     "simplefsdp_no_prefetch": ("simplefsdp", ["--compile.no-prefetch"]),
     # A subcommand (activation-checkpoint:...) goes last on the command line.
     "simplefsdp_no_ac": ("simplefsdp", ["activation-checkpoint:none"]),
+    # torchtitan's eager selective policy: every second matmul recomputed.
+    "simplefsdp_eager_sac": ("simplefsdp", ["--compile.memory_policy", "eager"]),
     # Its ranks are independent 1-rank processes (launch_cell).
     NO_COMM: ("simplefsdp", []),
     "fsdp2": ("fsdp2", []),

@@ -152,6 +152,14 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.deepseek_v3.parallelize:parallelize_deepseekv3":
             "abacee49757594d6",
     },
+    "jit-memory-policy": {
+        "torchtitan.distributed.activation_checkpoint:SelectiveAC._wrap_block":
+            "3e0f0cc84f7bebd2",
+        "torchtitan.experiments.graph_trainer.memory_policy:_make_default_memory_policy":
+            "f01382881844911d",
+        "torchtitan.experiments.graph_trainer.configs:GraphTrainerCompileConfig":
+            "fec4d9dc0f0be94a",
+    },
     "keep-base-ac": {
         "torchtitan.experiments.graph_trainer.configs:to_graph_trainer_config": "43deed158820596a",
     },

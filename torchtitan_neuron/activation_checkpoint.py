@@ -2,7 +2,10 @@
 
 graph_trainer's ``parallelize_llama`` ignores ``ac_config`` in jit mode, so full
 and selective AC silently do nothing there. This module applies them for real,
-per transformer block, with torchtitan's own ``FullAC`` / ``SelectiveAC``.
+per transformer block, with torchtitan's own ``FullAC`` / ``SelectiveAC``. What
+selective AC saves follows graph_trainer's ``--compile.memory_policy`` (which
+upstream reads in aot_fx_trace mode only): ``default`` saves every matmul,
+``eager`` recomputes every second one, as torchtitan's eager policy does.
 
 SimpleFSDP gathers each parameter inside the traced graph (the parametrization
 ``ReplicateComputation``). Whether the gathered copy lives until backward is a
@@ -19,12 +22,21 @@ resharding after forward is expressed as recomputation:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    checkpoint_wrapper as ptd_checkpoint_wrapper,
+)
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
 from torchtitan.tools.logging import logger
 
@@ -62,13 +74,114 @@ def reshard_after_forward(model: nn.Module) -> int:
     return wrapped
 
 
-def apply_activation_checkpointing(model: nn.Module, ac_config, dump_folder: str) -> None:
-    """Apply full or selective AC per transformer block (None: no block AC)."""
+# graph_trainer's ``--compile.memory_policy`` choices (GraphTrainerCompileConfig)
+# and what each means for the recipe's AC in jit mode.
+JIT_MEMORY_POLICIES = ("default", "eager")
+
+
+def apply_activation_checkpointing(
+    model: nn.Module, ac_config, dump_folder: str, memory_policy: str = "default"
+) -> None:
+    """Apply full or selective AC per transformer block (None: no block AC).
+
+    Selective AC follows graph_trainer's ``--compile.memory_policy``, as
+    upstream's ``aot_fx_trace`` mode does: ``default`` saves every op of the
+    save list, every matmul included (graph_trainer's
+    ``_make_default_memory_policy``); ``eager`` recomputes every second
+    matmul, as torchtitan's eager ``SelectiveAC`` does.
+    """
+    check_memory_policy(ac_config, memory_policy)
     if ac_config is None:
         logger.info("Activation checkpointing: none (parameter gathers still recomputed)")
         return
-    ac_config.build(dump_folder=dump_folder).apply(model)
+    policy = ac_config.build(dump_folder=dump_folder)
+    if isinstance(policy, SelectiveAC) and memory_policy == "default":
+        policy._wrap_block = functools.partial(save_every_matmul, policy)
+    policy.apply(model)
     hash_selective_policies(model, ac_config)
+    if isinstance(policy, SelectiveAC):
+        logger.info(f"Selective AC under --compile.memory_policy {memory_policy}: "
+                    + ("every matmul saved" if memory_policy == "default"
+                       else "every second matmul recomputed"))
+
+
+def check_memory_policy(ac_config, memory_policy: str) -> None:
+    """Refuse a ``--compile.memory_policy`` that jit mode cannot honour."""
+    if memory_policy not in JIT_MEMORY_POLICIES:
+        raise ValueError(
+            f"--compile.memory_policy {memory_policy} is applied by graph_trainer's "
+            "aot_fx_trace mode only; SimpleFSDP recipes run in jit mode, where the "
+            "recipe's activation checkpointing decides: use a _fullac recipe for full "
+            f"recomputation, or --compile.memory_policy {' / '.join(JIT_MEMORY_POLICIES)} "
+            "with a selective one")
+    if memory_policy != "default" and not isinstance(ac_config, SelectiveAC.Config):
+        raise ValueError(
+            f"--compile.memory_policy {memory_policy} chooses what selective activation "
+            f"checkpointing saves, but this recipe's is {ac_name(ac_config)}: drop the "
+            "flag, or use a selective recipe")
+
+
+def ac_name(ac_config) -> str:
+    """``none``, ``selective`` or ``full``, as the CLI subcommand spells it."""
+    qualname = type(ac_config).__qualname__.lower()
+    for name in ("selective", "full"):
+        if name in qualname:
+            return name
+    return "none"
+
+
+def save_every_matmul(policy: SelectiveAC, module: nn.Module, *,
+                      base_fqn: str | None = None) -> nn.Module:
+    """``SelectiveAC._wrap_block`` without the alternation: every op of
+    ``policy.get_save_ops()`` is saved, matmuls included, and everything else
+    recomputed. What torchtitan's policy keeps: the matmuls of
+    ``force_recompute_mm_shapes_by_fqns`` (the MoE router) are recomputed, and
+    device-to-host copies are saved.
+    """
+    config = policy.config
+    save_ops = policy.get_save_ops()
+    recompute_shapes = set()
+    for module_fqn, submod in module.named_modules():
+        fqn = f"{base_fqn}.{module_fqn}" if base_fqn else module_fqn
+        if any(f in fqn for f in config.force_recompute_mm_shapes_by_fqns):
+            if not isinstance(submod, nn.Linear):
+                raise ValueError("force_recompute_mm_shapes_by_fqns expected to match an "
+                                 f"nn.Linear, but {fqn} is {type(submod).__name__}")
+            out_f, in_f = submod.weight.shape
+            recompute_shapes.add((in_f, out_f))
+
+    def context_fn():
+        return _save_every_matmul_contexts(save_ops, recompute_shapes)
+
+    return ptd_checkpoint_wrapper(
+        module,
+        context_fn=context_fn,
+        preserve_rng_state=config.preserve_rng_state,
+        determinism_check=config.determinism_check,
+        early_stop=False,
+        debug=config.debug,
+    )
+
+
+_MM_OPS = (torch.ops.aten.mm.default, torch.ops.aten.linear.default)
+
+
+def _save_every_matmul_contexts(save_ops, recompute_shapes):
+    def policy_fn(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        if (func == torch.ops.aten._to_copy.default and args[0].device.type != "cpu"
+                and str(kwargs.get("device")) == "cpu"):
+            return CheckpointPolicy.MUST_SAVE
+        if func in _MM_OPS:
+            shape = args[1].shape
+            if func == torch.ops.aten.linear.default:
+                shape = torch.Size((shape[1], shape[0]))
+            if shape in recompute_shapes:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        if func in save_ops:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy_fn)
 
 
 def _closure_values(fn) -> dict:

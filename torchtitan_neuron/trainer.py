@@ -25,6 +25,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -37,6 +38,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import platform, run_report
+from torchtitan_neuron.activation_checkpoint import check_memory_policy
 from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB, require_positive_bound
 from torchtitan_neuron.checkpoint import make_saves_atomic
 from torchtitan_neuron.hf import install_export
@@ -79,6 +81,15 @@ class NeuronCompileConfig(GraphTrainerCompileConfig):
     """GraphTrainer's compile settings in jit mode, with bucketing."""
 
     mode: str = "jit"
+
+    memory_policy: Literal["default", "full", "eager", "sac_and_offload"] = "default"
+    """What selective activation checkpointing saves, in jit mode
+    (torchtitan_neuron/activation_checkpoint.py). default: every op of
+    torchtitan's save list, every matmul included, as graph_trainer's
+    aot_fx_trace default does. eager: every second matmul is recomputed
+    instead, as torchtitan's eager SelectiveAC does (less activation memory,
+    more recomputation). full and sac_and_offload are graph passes of
+    aot_fx_trace mode and are refused here: a _fullac recipe recomputes fully."""
 
     bucketing: bool = True
     """One all-gather per transformer block (and FSDP mesh) for all of its
@@ -443,4 +454,5 @@ class NeuronGraphTrainer(_NeuronTrainerMixin, GraphTrainer):
             # zero-argument super() does not work in slots dataclasses.
             GraphTrainer.Config.__post_init__(self)
             require_jit_mode(self.compile)
+            check_memory_policy(self.activation_checkpoint, self.compile.memory_policy)
             require_positive_bound(getattr(self.compile, "bucket_mib", DEFAULT_BUCKET_MIB))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+from torchtitan_neuron.activation_checkpoint import ac_name
 from torchtitan_neuron.memory import StorageTracker
 from torchtitan_neuron.plan.neuron import (
     NEURON_TARGETS, SCRATCHPAD_MODES, paged_page_bytes, scratchpad_mode, step_terms,
 )
-from torchtitan_neuron.plan.report import GIB, Plan, ac_name, capacity_gib, largest_rows
+from torchtitan_neuron.plan.report import GIB, Plan, capacity_gib, largest_rows
 
 CATEGORIES = ("gathered_parameters", "saved_activations", "logits_and_loss", "temporaries")
 

@@ -113,15 +113,6 @@ def capacity_gib(target: str, ngpu: int) -> float:
     raise SystemExit(f"Unknown --target {target}: choose one of {', '.join(TARGETS)}.")
 
 
-def ac_name(ac_config) -> str:
-    """``none``, ``selective`` or ``full``, as the CLI subcommand spells it."""
-    qualname = type(ac_config).__qualname__.lower()
-    for name in ("selective", "full"):
-        if name in qualname:
-            return name
-    return "none"
-
-
 def largest_rows(tracker, top: int, neuron: bool) -> list[dict]:
     """The ``top`` largest groups live at the peak; on Neuron also each
     program's private (over-a-page) scratchpad allocations."""

@@ -66,7 +66,8 @@ def parallelize_simple_fsdp(
     annotate(model)
     if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
         model.parallelize(parallel_dims)
-    apply_activation_checkpointing(model, ac_config, dump_folder)
+    apply_activation_checkpointing(model, ac_config, dump_folder,
+                                   getattr(compile_config, "memory_policy", "default"))
     replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     reshard_after_forward(model)

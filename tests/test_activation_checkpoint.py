@@ -1,0 +1,120 @@
+"""Selective activation checkpointing in jit mode follows ``--compile.memory_policy``.
+
+Proves: under ``default`` no matmul of a block is recomputed in the backward
+graph, under ``eager`` every second one is (torchtitan's eager policy); the two
+policies never share a compile-cache entry; a memory policy jit mode cannot
+honour is refused at parse time, naming the flag and the fix.
+
+Tier: fast.
+Run: .venv/bin/python -m pytest tests/test_activation_checkpoint.py -q
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torchtitan.config import ConfigManager
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+from torchtitan_neuron.activation_checkpoint import (
+    apply_activation_checkpointing,
+    check_memory_policy,
+)
+
+MM = torch.ops.aten.mm.default
+LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
+
+
+class Block(nn.Module):
+    """Four matmuls in a row, as a block's projections are."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.ModuleList(nn.Linear(16, 16, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        for proj in self.proj:
+            x = torch.tanh(proj(x))
+        return x
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleDict({"0": Block(), "1": Block()})
+
+    def forward(self, x):
+        for block in self.layers.values():
+            x = block(x)
+        return x
+
+
+def _matmuls(memory_policy: str, partition_fn=None) -> tuple[int, int]:
+    """Matmuls in the forward and backward graph of one compiled step."""
+    counts = {}
+
+    def recorder(kind):
+        def compile_graph(gm, _inputs):
+            counts[kind] = Counter(n.target for n in gm.graph.nodes)[MM]
+            return make_boxed_func(gm.forward)
+        return compile_graph
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Model()
+    apply_activation_checkpointing(model, SelectiveAC.Config(), "", memory_policy)
+    kwargs = {"partition_fn": partition_fn} if partition_fn else {}
+    backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"), **kwargs)
+    torch.compile(model, backend=backend)(torch.randn(8, 16, requires_grad=True)).sum().backward()
+    return counts["fw"], counts["bw"]
+
+
+# aot_eager's partitioner and inductor's (min-cut) both follow the tags.
+@pytest.mark.parametrize("partition_fn", [None, min_cut_rematerialization_partition],
+                         ids=["default_partition", "min_cut"])
+def test_selective_ac_recomputes_what_the_memory_policy_says(partition_fn):
+    # 8 forward matmuls; backward has 2 per forward matmul (input and weight
+    # gradients), plus the recomputed ones.
+    assert _matmuls("default", partition_fn) == (8, 16)
+    # torchtitan's eager policy recomputes the 2nd and 4th of each block.
+    assert _matmuls("eager", partition_fn) == (8, 16 + 4)
+
+
+def test_the_two_policies_never_share_a_cache_entry():
+    hashes = {}
+    for policy in ("default", "eager"):
+        model = Model()
+        apply_activation_checkpointing(model, SelectiveAC.Config(), "", policy)
+        fns = {block.checkpoint_fn.keywords["context_fn"] for block in model.layers.values()}
+        assert len(fns) == 1
+        hashes[policy] = fns.pop().cache_hash
+    assert hashes["default"] != hashes["eager"]
+
+
+def test_memory_policies_jit_mode_cannot_honour_are_refused():
+    with pytest.raises(ValueError, match="--compile.memory_policy full is applied by "
+                       "graph_trainer's aot_fx_trace mode only.*use a _fullac recipe"):
+        check_memory_policy(SelectiveAC.Config(), "full")
+    with pytest.raises(ValueError, match="sac_and_offload"):
+        check_memory_policy(SelectiveAC.Config(), "sac_and_offload")
+    for ac, name in ((FullAC.Config(), "full"), (None, "none")):
+        with pytest.raises(ValueError, match="--compile.memory_policy eager chooses what "
+                           f"selective activation checkpointing saves, but this recipe's is {name}"):
+            check_memory_policy(ac, "eager")
+        check_memory_policy(ac, "default")
+
+
+def test_recipe_with_a_refused_memory_policy_fails_at_parse_time(capsys):
+    with pytest.raises(SystemExit) as exc:
+        ConfigManager().parse_args(["--module", LLAMA, "--config", "simple_fsdp_llama3_8b_fullac",
+                                    "--compile.memory_policy", "eager"])
+    assert exc.value.code != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "but this recipe's is full" in err
+    config = ConfigManager().parse_args(["--module", LLAMA, "--config", "simple_fsdp_llama3_8b",
+                                         "--compile.memory_policy", "eager"])
+    assert config.compile.memory_policy == "eager"
