@@ -473,12 +473,25 @@ def ranks_allocator(environ=os.environ) -> str:
     return "jemalloc" if "jemalloc" in preload else "glibc malloc"
 
 
+def cpu_description() -> str:
+    """The CPU's model name and its widest vector units, which set the matmul
+    peak: it has differed by 2x between machines here."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return host.processor() or host.machine()
+    name = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = set((re.search(r"^flags\s*:\s*(.+)$", info, re.M) or [None, ""])[1].split())
+    units = [u for u in ("avx2", "avx512f", "amx_tile") if u in flags]
+    return ", ".join([name[1].strip() if name else host.machine(), *units])
+
+
 def write_report(cells: list[Cell], out: Path, started: datetime.datetime, peak: Peak,
                  opts) -> tuple[list[str], list[str]]:
     minutes = (datetime.datetime.now() - started).total_seconds() / 60
     rows, lines = table(cells, MODELS, peak.scale), summary(cells, peak.scale)
     allocator = ranks_allocator()
-    machine = (f"{os.cpu_count()} cores ({host.processor() or host.machine()}), "
+    machine = (f"{os.cpu_count()} cores ({cpu_description()}), "
                f"{peak.describe()}, every rank on {allocator}")
     (out / "bench.md").write_text(
         f"# Benchmark: SimpleFSDP jit against the alternatives\n\n"
