@@ -9,7 +9,9 @@ Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_activation_checkpoint.py -q
 """
 
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +26,9 @@ from torchtitan_neuron.activation_checkpoint import (
     apply_activation_checkpointing,
     check_memory_policy,
 )
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import compile_sac_block  # noqa: E402
 
 MM = torch.ops.aten.mm.default
 LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
@@ -42,15 +47,11 @@ class Block(nn.Module):
         return x
 
 
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleDict({"0": Block(), "1": Block()})
-
-    def forward(self, x):
-        for block in self.layers.values():
-            x = block(x)
-        return x
+def Model() -> nn.Module:
+    """compile_sac_block's two-block model, with these blocks."""
+    model = compile_sac_block.Model()
+    model.layers = nn.ModuleDict({"0": Block(), "1": Block()})
+    return model
 
 
 def _matmuls(memory_policy: str, partition_fn=None) -> tuple[int, int]:
