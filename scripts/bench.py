@@ -49,7 +49,10 @@ and prints ``key=value`` lines per model: ``simplefsdp_vs_fsdp2_tokens_per_s_rat
 ``simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio`` (``failed`` when that cell
 failed), ``mfu_vs_matmul_peak``, ``mfu_vs_one_rank`` (2-rank MFU over the same
 model's 1-rank MFU), ``mfu_no_comm_vs_one_rank`` (the same for the
-``simplefsdp_no_comm:2`` cell, when it ran) and ``warm_vs_cold_first_step``.
+``simplefsdp_no_comm:2`` cell, when it ran) and ``warm_vs_cold_first_step``;
+with the ``*_no_reshard:2`` cells (``--parallelism.fsdp_reshard_after_forward
+never`` in each), ``no_reshard_simplefsdp_vs_fsdp2_tokens_per_s_ratio`` and
+``no_reshard_simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio``.
 """
 
 import argparse
@@ -71,6 +74,7 @@ from runlog import REPO, Run, launch  # noqa: E402
 GT = "torchtitan_neuron.experiments.graph_trainer"
 BENCH = "scripts.bench_recipes"
 NO_COMM = "simplefsdp_no_comm"
+NEVER_RESHARD = ["--parallelism.fsdp_reshard_after_forward", "never"]
 # The mode of each cell: which recipe of the model, and what it adds.
 MODES = {
     "simplefsdp": ("simplefsdp", []),
@@ -87,6 +91,10 @@ MODES = {
     NO_COMM: ("simplefsdp", []),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
+    # Gathered parameters kept for backward (no re-gather), in each of the three.
+    "simplefsdp_no_reshard": ("simplefsdp", NEVER_RESHARD),
+    "fsdp2_no_reshard": ("fsdp2", NEVER_RESHARD),
+    "aot_fx_trace_no_reshard": ("fx", NEVER_RESHARD),
 }
 _STATE = re.compile(r"Per-rank sharded state: parameters ([\d.]+) MiB, gradients "
                     r"([\d.]+) MiB, optimizer state ([\d.]+) MiB")
@@ -346,6 +354,13 @@ def summary(cells: list[Cell], mfu_scale: float = 1.0) -> list[str]:
             cold, warm = simple.cold_warm()
             if warm is not None:
                 parts.append(f"warm_vs_cold_first_step={warm / cold:.3f}")
+        # The same three with the gathered parameters kept for backward.
+        kept = by.get((model, "simplefsdp_no_reshard", 2))
+        for peer in ("fsdp2", "aot_fx_trace"):
+            other = by.get((model, f"{peer}_no_reshard", 2))
+            if kept and other:
+                parts.append(f"no_reshard_simplefsdp_vs_{peer}_tokens_per_s_ratio="
+                             f"{kept.median('tps') / other.median('tps'):.3f}")
         lines.append(" ".join(parts))
     return lines
 

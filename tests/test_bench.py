@@ -89,6 +89,15 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
         _log(9.5, [0.9] * 3, [1100] * 4, 36.0, state)])
     assert bench.summary([simple, one, no_comm])[0].endswith(
         "mfu_vs_one_rank=0.750 mfu_no_comm_vs_one_rank=0.925 warm_vs_cold_first_step=0.122")
+    # The three kept-gathers cells give their own pair of ratios.
+    kept = {mode: bench.Cell("tiny", f"{mode}_no_reshard", 2, [
+        _log(5.0, [1.0] * 3, [tps] * 4, 30.0, state)])
+        for mode, tps in (("simplefsdp", 1200), ("fsdp2", 1000), ("aot_fx_trace", 1500))}
+    assert bench.summary([simple, *kept.values()])[0].endswith(
+        "no_reshard_simplefsdp_vs_fsdp2_tokens_per_s_ratio=1.200 "
+        "no_reshard_simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=0.800")
+    assert bench.MODES["fsdp2_no_reshard"] == (
+        "fsdp2", ["--parallelism.fsdp_reshard_after_forward", "never"])
     # Its processes compile side by side: no cold/warm pair.
     assert "| n/a / n/a |" in bench.table([no_comm], bench.MODELS)[2]
     broken = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],

@@ -85,8 +85,8 @@ def _counting_backend(counts: dict):
     return functools.partial(aot_eager, fw_compiler=compiler("fw"), bw_compiler=compiler("bw"))
 
 
-def _build(dims, tp: bool, ac: bool, bucket: bool, odd_rows: int,
-           param_dtype: str = "float32"):
+def _build(dims, tp: bool, ac, bucket, odd_rows: int,
+           param_dtype: str = "float32", reshard: bool = True):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         checkpoint_wrapper,
     )
@@ -106,13 +106,26 @@ def _build(dims, tp: bool, ac: bool, bucket: bool, odd_rows: int,
         for block in model.layers.values():
             parallelize_module(block, dims.get_mesh("tp"),
                                {"a": ColwiseParallel(), "b": RowwiseParallel()})
-    if ac:
+    if ac == "selective":
+        from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+        from torchtitan_neuron.activation_checkpoint import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, SelectiveAC.Config(), "")
+    elif ac:
         for name, block in list(model.layers.items()):
             model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
     training = SimpleNamespace(mixed_precision_param=param_dtype,
                                mixed_precision_reduce="float32")
     model = apply_simple_fsdp(model, parallel_dims=dims, training=training)
-    reshard_after_forward(model)
+    reshard_after_forward(model, reshard)
+    if not reshard:
+        # What parallelize does for --parallelism.fsdp_reshard_after_forward
+        # never: gathers before each block's AC region, bucketed or not.
+        assert bucket_blocks(model, getattr(torch, param_dtype), torch.float32,
+                             None if not bucket else bucket_mib_default(),
+                             reshard_after_forward=False)[0] == (BLOCKS if bucket or ac else 0)
+        return model
     if bucket == "split":
         # A bound of 80 fp32 elements: [a.weight (64), a.bias (8)], [b.weight
         # (64)], [odd (its padded rows)] per block.
@@ -217,6 +230,67 @@ def _check(results: dict):
                 assert r["split_out_diff"] <= 1e-6 and r["split_grad_diff"] <= 1e-6, r
                 assert split[f"fw_{AG}"] == split[f"bw_{RS}"] == 3 * BLOCKS, (rank, ac, split)
                 assert BLOCKS <= split[f"bw_{AG}"] <= 3 * BLOCKS, (rank, ac, split)
+
+
+def bucket_mib_default():
+    from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB
+
+    return DEFAULT_BUCKET_MIB
+
+
+def _never_worker(rank: int, world: int, port: int, results):
+    """Each AC mode and bucketing, resharded and kept: outputs, gradients
+    and the collectives of the compiled graphs."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        from torchtitan_neuron import platform
+
+        platform.install()
+        dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1,
+                            world_size=world, spmd_backend="partial_dtensor")
+        dims.build_mesh()
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+        out = {}
+        for ac in (False, True, "selective"):
+            for bucket in (False, True):
+                runs = {}
+                for reshard in (True, False):
+                    torch._dynamo.reset()
+                    counts: dict = {}
+                    model = _build(dims, False, ac, bucket, 3, reshard=reshard)
+                    runs[reshard] = (*_step(model, x, counts), counts)
+                (o0, g0, c0), (o1, g1, c1) = runs[True], runs[False]
+                out[(str(ac), bucket)] = dict(
+                    out_diff=(o0 - o1).abs().max().item(),
+                    grad_diff=max((g0[n] - g1[n]).abs().max().item() for n in g0),
+                    resharded=c0, kept=c1)
+        results[rank] = out
+    finally:
+        dist.destroy_process_group()
+
+
+def test_never_reshard_keeps_the_gathers_for_backward():
+    """``--parallelism.fsdp_reshard_after_forward never``: under no, full and
+    selective AC, with and without bucketing, the backward graph gathers
+    nothing, the forward gathers as before, and outputs and gradients equal
+    the resharded run's to 1e-6 in fp32."""
+    from runlog import free_port
+
+    results = mp.Manager().dict()
+    mp.spawn(_never_worker, args=(2, free_port(), results), nprocs=2)
+    params = 4 * BLOCKS
+    for rank, out in dict(results).items():
+        assert len(out) == 6, out
+        for (ac, bucket), r in out.items():
+            assert r["out_diff"] <= 1e-6 and r["grad_diff"] <= 1e-6, (rank, ac, bucket, r)
+            n = BLOCKS if bucket else params
+            kept, resharded = r["kept"], r["resharded"]
+            assert kept == {f"fw_{AG}": n, f"bw_{RS}": n}, (rank, ac, bucket, kept)
+            assert resharded[f"fw_{AG}"] == n and resharded[f"bw_{AG}"] >= BLOCKS, (
+                rank, ac, bucket, resharded)
 
 
 def test_fsdp_one_gather_per_block_equal_results_with_uneven_rows():

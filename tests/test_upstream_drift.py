@@ -97,6 +97,12 @@ PINNED: dict[str, dict[str, str]] = {
     "reshard-after-forward": {
         "torchtitan.experiments.graph_trainer.simple_fsdp:_register_parametrization":
             "b2aa13e02ff73300",
+        # How graph_trainer reads --parallelism.fsdp_reshard_after_forward,
+        # which jit mode follows.
+        "torchtitan.distributed.fsdp:get_fsdp_reshard_after_forward_policy":
+            "20b48b3b02432711",
+        "torchtitan.experiments.graph_trainer.memory_policy:_default_memory_policy_pass":
+            "9ca0db7761b8a1fa",
     },
     "simple-fsdp-bucketing": {
         "torchtitan.experiments.graph_trainer.simple_fsdp:_register_parametrization":

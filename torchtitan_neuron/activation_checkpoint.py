@@ -18,6 +18,12 @@ resharding after forward is expressed as recomputation:
   ``all_gather_into_tensor``, so gathers are recomputed;
 - with no AC, each parameter's gather is wrapped in its own checkpoint
   region, so only the gather (and its dtype cast) is recomputed in backward.
+
+``--parallelism.fsdp_reshard_after_forward never`` keeps the gathered
+parameters for backward instead, as it does for FSDP2 and upstream's
+aot_fx_trace mode: the getters run without the checkpoint, and a block with
+AC gathers its parameters before its AC region (``bucketing.bucket_blocks``),
+so AC cannot recompute them either.
 """
 
 from __future__ import annotations
@@ -41,10 +47,14 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.tools.logging import logger
 
 _RESHARD_MARK = "_torchtitan_neuron_reshard"
+# Set on a module instance whose gathered parameters are kept for backward.
+_KEEP_GATHERED = "_torchtitan_neuron_keep_gathered"
 
 
 def _recompute_in_backward(fget):
     def gathered_parameter(module):
+        if module.__dict__.get(_KEEP_GATHERED):
+            return fget(module)
         # Only the checkpointed function's output would be saved, and
         # non-reentrant checkpoint saves nothing but the sharded input: the
         # gathered parameter is rebuilt when backward needs it.
@@ -54,18 +64,25 @@ def _recompute_in_backward(fget):
     return gathered_parameter
 
 
-def reshard_after_forward(model: nn.Module) -> int:
-    """Make every SimpleFSDP parameter gather recomputed in backward.
+def reshard_after_forward(model: nn.Module, reshard: bool = True) -> int:
+    """Make every SimpleFSDP parameter gather recomputed in backward, or,
+    with ``reshard=False``, kept from forward to backward.
 
     SimpleFSDP installs one property per parameter on a generated
     ``SimpleFSDP<Module>`` class. Each property getter is wrapped in a
     checkpoint, once (classes are shared between models, so this is
-    idempotent). Returns the number of getters wrapped now.
+    idempotent); whether it checkpoints is a mark on each module of this
+    model. Returns the number of getters wrapped now.
     """
     wrapped = 0
-    for cls in {type(m) for m in model.modules()}:
+    for module in model.modules():
+        cls = type(module)
         if not cls.__name__.startswith("SimpleFSDP"):
             continue
+        if reshard:
+            module.__dict__.pop(_KEEP_GATHERED, None)
+        else:
+            module.__dict__[_KEEP_GATHERED] = True
         for name, attr in list(vars(cls).items()):
             if not isinstance(attr, property) or getattr(attr.fget, _RESHARD_MARK, False):
                 continue

@@ -28,7 +28,10 @@ the optimizer, initialisation and gradient clipping see no change.
 The gather runs inside its own checkpoint region, within the block's AC
 region when the block has one, so it is recomputed in backward as the
 per-parameter gathers are (``activation_checkpoint.reshard_after_forward``):
-resharding after forward holds under full, selective and no AC.
+resharding after forward holds under full, selective and no AC. Under
+``--parallelism.fsdp_reshard_after_forward never`` it runs before the block's
+AC region instead, with no checkpoint, so the gathered parameters are kept
+for backward and nothing is gathered again.
 
 Left per parameter: parameters FSDP shards on another dim than 0 (routed
 experts when EP x FSDP exceeds the experts), HSDP and DDP layouts, and blocks
@@ -215,39 +218,64 @@ def require_positive_bound(bucket_mib: float) -> None:
 
 
 def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype,
-                  bucket_mib: float = DEFAULT_BUCKET_MIB) -> tuple[int, int, int]:
+                  bucket_mib: float | None = DEFAULT_BUCKET_MIB,
+                  reshard_after_forward: bool = True) -> tuple[int, int, int]:
     """Give each block of ``model.layers`` one gather per FSDP mesh, or a
     few where its parameters exceed ``bucket_mib``.
 
+    With ``reshard_after_forward=False`` (``--parallelism.fsdp_reshard_after_forward
+    never``) the gathers run before the block's AC region and outside any
+    checkpoint, so their output is kept for backward; the block's other
+    SimpleFSDP parameters are gathered there too, each on its own. With
+    ``bucket_mib=None`` nothing is bucketed: that keeps every parameter's own
+    gather, moved before the AC region.
+
     Returns (blocks bucketed, parameters bucketed, buckets)."""
-    require_positive_bound(bucket_mib)
-    itemsize = max((d or torch.float32).itemsize for d in (param_dtype, reduce_dtype))
-    limit = int(bucket_mib * 2**20) // itemsize
+    if bucket_mib is not None:
+        require_positive_bound(bucket_mib)
+        itemsize = max((d or torch.float32).itemsize for d in (param_dtype, reduce_dtype))
+        limit = int(bucket_mib * 2**20) // itemsize
     blocks = params = count = 0
     for block in model.layers.values():
-        groups = [(g, chunk) for g, es in _groups(block).items() if len(es) >= 2
-                  for chunk in _split(es, limit)]
-        if not groups:
+        groups = [] if bucket_mib is None else [
+            (g, chunk) for g, es in _groups(block).items() if len(es) >= 2
+            for chunk in _split(es, limit)]
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        singles = [] if reshard_after_forward or inner is block else _singles(inner, groups)
+        if not groups and not singles:
             continue
-        # Inside the block's AC region, so the gathered parameters are
-        # recomputed with the block. The hand-off to the getters is a module
-        # attribute set and cleared within the forward, a Python side effect
-        # Dynamo refuses inside a checkpoint ("HOP: Unsafe side effect")
-        # unless told not to replay it in the backward's recompute; there is
-        # nothing to replay, it only routes tensors to the getters.
-        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+        if reshard_after_forward:
+            # Inside the block's AC region, so the gathered parameters are
+            # recomputed with the block. The hand-off to the getters is a
+            # module attribute set and cleared within the forward, a Python
+            # side effect Dynamo refuses inside a checkpoint ("HOP: Unsafe
+            # side effect") unless told not to replay it in the backward's
+            # recompute; there is nothing to replay, it only routes tensors
+            # to the getters.
+            torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
         if _mixed(param_dtype, reduce_dtype):
             allow_caching_gather_buckets()
-        inner = getattr(block, "_checkpoint_wrapped_module", block)
-        _install(inner, groups, param_dtype, reduce_dtype)
+        _install(inner if reshard_after_forward else block, groups, singles,
+                 param_dtype, reduce_dtype, reshard_after_forward)
         blocks += 1
         params += sum(len(es) for _, es in groups)
         count += len(groups)
     return blocks, params, count
 
 
-def _install(block: nn.Module, groups: list[tuple[str, list[_Entry]]], param_dtype,
-             reduce_dtype):
+def _singles(block: nn.Module, groups) -> list[tuple[nn.Module, str]]:
+    """The block's SimpleFSDP parameters no bucket of ``groups`` holds."""
+    bucketed = {(id(e.module), e.name) for _, es in groups for e in es}
+    return [(module, name) for module in block.modules()
+            if type(module).__name__.startswith("SimpleFSDP")
+            for name in module._parameters
+            if isinstance(vars(type(module)).get(name), property)
+            and (id(module), name) not in bucketed]
+
+
+def _install(block: nn.Module, groups: list[tuple[str, list[_Entry]]],
+             singles: list[tuple[nn.Module, str]], param_dtype, reduce_dtype,
+             reshard_after_forward: bool):
     forward = block.forward
     plan = [(group_name, es, tuple((e.rows, e.pad_rows, e.shape) for e in es))
             for group_name, es in groups]
@@ -258,21 +286,29 @@ def _install(block: nn.Module, groups: list[tuple[str, list[_Entry]]], param_dty
         routed = []
         for group_name, entries, layout in plan:
             shards = [e.module._parameters[e.name].to_local() for e in entries]
-            full = checkpoint(_gather, group_name, param_dtype, reduce_dtype, layout, *shards,
-                              use_reentrant=False, preserve_rng_state=False)
+            if reshard_after_forward:
+                full = checkpoint(_gather, group_name, param_dtype, reduce_dtype, layout,
+                                  *shards, use_reentrant=False, preserve_rng_state=False)
+            else:
+                full = _gather(group_name, param_dtype, reduce_dtype, layout, *shards)
             for e, t in zip(entries, full):
                 if e.tp is not None:
                     t = DTensor.from_local(t, e.tp[0], e.tp[1])
                 e.module.__dict__.setdefault(_BUCKET, {})[e.name] = t
-                routed.append(e)
+                routed.append((e.module, e.name))
+        for module, name in singles:
+            # Its own getter (SimpleFSDP's gather, kept: reshard_after_forward
+            # marked the module), called here, before the AC region.
+            module.__dict__.setdefault(_BUCKET, {})[name] = getattr(module, name)
+            routed.append((module, name))
         try:
             return forward(*args, **kwargs)
         finally:
-            for e in routed:
-                e.module.__dict__[_BUCKET].pop(e.name, None)
+            for module, name in routed:
+                module.__dict__[_BUCKET].pop(name, None)
 
     block.forward = bucketed_forward
-    for cls in {type(e.module) for _, es in groups for e in es}:
+    for cls in {type(e.module) for _, es in groups for e in es} | {type(m) for m, _ in singles}:
         override_getters(cls)
 
 

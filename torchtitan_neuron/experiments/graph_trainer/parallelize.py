@@ -12,6 +12,7 @@ from collections.abc import Callable
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
 from torchtitan.experiments.graph_trainer.common_utils import (
     annotate_module_fqns,
     annotate_moe_ep_regions,
@@ -70,19 +71,33 @@ def parallelize_simple_fsdp(
                                    getattr(compile_config, "memory_policy", "default"))
     replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
-    reshard_after_forward(model)
-    if getattr(compile_config, "bucketing", True) and parallel_dims.fsdp_enabled:
+    # graph_trainer's own reading of the flag (memory_policy.py): "default"
+    # reshards unless pipeline parallelism is on.
+    reshard = get_fsdp_reshard_after_forward_policy(
+        parallelism.fsdp_reshard_after_forward, pp_enabled=parallel_dims.pp_enabled)
+    reshard_after_forward(model, reshard)
+    bucketing = getattr(compile_config, "bucketing", True) and parallel_dims.fsdp_enabled
+    param_dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+    reduce_dtype = TORCH_DTYPE_MAP[training.mixed_precision_reduce]
+    if bucketing or (not reshard and parallel_dims.fsdp_enabled):
         bucket_mib = getattr(compile_config, "bucket_mib", DEFAULT_BUCKET_MIB)
-        param_dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
-        reduce_dtype = TORCH_DTYPE_MAP[training.mixed_precision_reduce]
-        blocks, params, buckets = bucket_blocks(model, param_dtype, reduce_dtype, bucket_mib)
-        logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
-                    f"{buckets} gathers of at most {bucket_mib} MiB "
-                    "(--compile.no-bucketing: per parameter)")
-        # The chunked loss gathers lm_head once per microbatch, not once per chunk.
-        if chunked_loss.mark(getattr(model, "lm_head", None), param_dtype, reduce_dtype):
-            logger.info("SimpleFSDP bucketing: lm_head gathered once per microbatch for the "
-                        "chunked loss, its gradient reduce-scattered once")
+        blocks, params, buckets = bucket_blocks(
+            model, param_dtype, reduce_dtype, bucket_mib if bucketing else None,
+            reshard_after_forward=reshard)
+        if bucketing:
+            logger.info(f"SimpleFSDP bucketing: {params} parameters of {blocks} blocks in "
+                        f"{buckets} gathers of at most {bucket_mib} MiB "
+                        "(--compile.no-bucketing: per parameter)")
+    if not reshard:
+        logger.info("SimpleFSDP keeps the gathered parameters from forward to backward "
+                    "(--parallelism.fsdp_reshard_after_forward "
+                    f"{parallelism.fsdp_reshard_after_forward}): no gather in backward, "
+                    "every rank holds the whole model's parameters during the step")
+    # The chunked loss gathers lm_head once per microbatch, not once per chunk.
+    if bucketing and chunked_loss.mark(getattr(model, "lm_head", None), param_dtype,
+                                       reduce_dtype):
+        logger.info("SimpleFSDP bucketing: lm_head gathered once per microbatch for the "
+                    "chunked loss, its gradient reduce-scattered once")
     if getattr(compile_config, "overlap_collectives", False) and compile_config.enable:
         overlap_collectives(compile_config.backend)
     if getattr(compile_config, "prefetch", True) and compile_config.enable:
