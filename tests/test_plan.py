@@ -63,6 +63,21 @@ def test_json_plan_has_the_verdict_and_breakdown():
 
 @pytest.mark.e2e
 @pytest.mark.slow
+def test_never_reshard_plans_the_blocks_kept_gathered():
+    """--parallelism.fsdp_reshard_after_forward never keeps each block's
+    gathered (bf16) parameters from forward to backward: the plan's peak grows
+    by more than half of the whole model's bf16 size (the blocks hold all but
+    the embedding and output) and by no more than all of it."""
+    default = _plan(2)
+    never = _plan(2, "--parallelism.fsdp_reshard_after_forward=never")
+    whole_bf16 = default["breakdown"]["sharded_parameters"] * 2 / 2  # 2 ranks, fp32 -> bf16
+    grown = never["peak_gib"] - default["peak_gib"]
+    assert 0.5 * whole_bf16 < grown <= whole_bf16 + 1e-4, (grown, whole_bf16)
+    assert never["breakdown"]["sharded_parameters"] == default["breakdown"]["sharded_parameters"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_trn2_plan_traces_the_rehearsals_neuron_graphs():
     p = _plan(2, target="trn2")
     assert p["trace"]["device"] == "neuron" and p["trace"]["compile_backend"] == "neuron"
