@@ -64,6 +64,13 @@ def _recompute_in_backward(fget):
     return gathered_parameter
 
 
+def is_simple_fsdp_module(module: nn.Module) -> bool:
+    """Whether ``module`` is one of SimpleFSDP's generated ``SimpleFSDP<Module>``
+    classes, whose parameters are gathered by property getters (upstream
+    tells them apart by the same name)."""
+    return type(module).__name__.startswith("SimpleFSDP")
+
+
 def reshard_after_forward(model: nn.Module, reshard: bool = True) -> int:
     """Make every SimpleFSDP parameter gather recomputed in backward, or,
     with ``reshard=False``, kept from forward to backward.
@@ -76,9 +83,9 @@ def reshard_after_forward(model: nn.Module, reshard: bool = True) -> int:
     """
     wrapped = 0
     for module in model.modules():
-        cls = type(module)
-        if not cls.__name__.startswith("SimpleFSDP"):
+        if not is_simple_fsdp_module(module):
             continue
+        cls = type(module)
         if reshard:
             module.__dict__.pop(_KEEP_GATHERED, None)
         else:

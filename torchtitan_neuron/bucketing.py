@@ -53,6 +53,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import checkpoint
 from torchtitan.experiments.graph_trainer import simple_fsdp
 
+from torchtitan_neuron.activation_checkpoint import is_simple_fsdp_module
 from torchtitan_neuron.plan.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
 
 # The default bound: above one paged-scratchpad page, a tensor is allocated
@@ -159,7 +160,7 @@ def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
     """The block's FSDP-sharded parameters, by FSDP process group name."""
     groups: dict[str, list[_Entry]] = {}
     for module in block.modules():
-        if not type(module).__name__.startswith("SimpleFSDP"):
+        if not is_simple_fsdp_module(module):
             continue
         for name, param in module._parameters.items():
             if not _fsdp_sharded(param):
@@ -267,7 +268,7 @@ def _singles(block: nn.Module, groups) -> list[tuple[nn.Module, str]]:
     """The block's SimpleFSDP parameters no bucket of ``groups`` holds."""
     bucketed = {(id(e.module), e.name) for _, es in groups for e in es}
     return [(module, name) for module in block.modules()
-            if type(module).__name__.startswith("SimpleFSDP")
+            if is_simple_fsdp_module(module)
             for name in module._parameters
             if isinstance(vars(type(module)).get(name), property)
             and (id(module), name) not in bucketed]
