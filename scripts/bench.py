@@ -13,6 +13,9 @@ data (bundled c4_test), dtype (fp32), sequence length and global batch, and
 - ``fsdp2``: torchtitan's eager Trainer with ``fully_shard``, 2 ranks;
 - ``aot_fx_trace``: upstream's GraphTrainer in its default mode, with its
   default passes, 2 ranks;
+- ``aot_fx_trace_no_dedup`` (DeepSeek): the same less upstream's
+  ``deduplicate_fsdp_unshard_chains_pass``, without which ``aot_fx_trace``
+  fails on the fp32 DeepSeek model (docs/benchmarks.md), 2 ranks;
 - ``simplefsdp`` on 1 rank (nothing to shard) and on 4 ranks: scaling at a
   fixed global batch (the local batch shrinks as ranks grow);
 - on the debug model, ``simplefsdp_no_bucketing`` (one gather per parameter,
@@ -47,7 +50,8 @@ by more than 10%, the report says so.
 Writes ``<out>/bench.md`` (the tables) and ``<out>/bench.png`` (the plot),
 and prints ``key=value`` lines per model: ``simplefsdp_vs_fsdp2_tokens_per_s_ratio``,
 ``simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio`` (``failed`` when that cell
-failed), ``mfu_vs_matmul_peak``, ``mfu_vs_one_rank`` (2-rank MFU over the same
+failed), ``simplefsdp_vs_aot_fx_trace_no_dedup_tokens_per_s_ratio`` (when
+that cell ran), ``mfu_vs_matmul_peak``, ``mfu_vs_one_rank`` (2-rank MFU over the same
 model's 1-rank MFU), ``mfu_no_comm_vs_one_rank`` (the same for the
 ``simplefsdp_no_comm:2`` cell, when it ran) and ``warm_vs_cold_first_step``;
 with the ``*_no_reshard:2`` cells (``--parallelism.fsdp_reshard_after_forward
@@ -73,6 +77,7 @@ from runlog import REPO, Run, launch  # noqa: E402
 
 GT = "torchtitan_neuron.experiments.graph_trainer"
 BENCH = "scripts.bench_recipes"
+NO_DEDUP = "deduplicate_fsdp_unshard_chains_pass"
 NO_COMM = "simplefsdp_no_comm"
 NEVER_RESHARD = ["--parallelism.fsdp_reshard_after_forward", "never"]
 # The mode of each cell: which recipe of the model, and what it adds.
@@ -91,6 +96,9 @@ MODES = {
     NO_COMM: ("simplefsdp", []),
     "fsdp2": ("fsdp2", []),
     "aot_fx_trace": ("fx", []),
+    # Upstream's default mode less one pass, which merges an expert weight's
+    # fp32 gather into its bf16 copy on fp32 DeepSeek (docs/benchmarks.md).
+    "aot_fx_trace_no_dedup": ("fx", ["--compile.disable_passes", NO_DEDUP]),
     # Gathered parameters kept for backward (no re-gather), in each of the three.
     "simplefsdp_no_reshard": ("simplefsdp", NEVER_RESHARD),
     "fsdp2_no_reshard": ("fsdp2", NEVER_RESHARD),
@@ -137,7 +145,7 @@ MODELS = {
                       ("torchtitan_neuron.models.deepseek_v3",
                        "deepseek_v3_debugmodel_neuron_tp2_fsdp2"),
                       (BENCH, "graph_trainer_deepseek_v3_debugmodel_cpu"),
-                      SIDE_BY_SIDE + SCALING[:1],
+                      SIDE_BY_SIDE + SCALING[:1] + [("aot_fx_trace_no_dedup", 2)],
                       ["--parallelism.tensor_parallel_degree", "1"]),
 }
 
@@ -171,6 +179,8 @@ class Cell:
             return "eager"
         if self.mode == "aot_fx_trace":
             return "aot_fx_trace (aot_eager)"
+        if self.mode == "aot_fx_trace_no_dedup":
+            return f"aot_fx_trace (aot_eager) without {NO_DEDUP}"
         match = _BACKEND.search(self.ok()[0].output)
         backend = "aot_eager" if self.mode.endswith("aot_eager") else (match[1] if match else "?")
         if self.mode == "simplefsdp_no_bucketing":
@@ -184,7 +194,7 @@ class Cell:
         return f"jit ({backend})" + (" + inductor bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:
-        if self.mode == "aot_fx_trace":
+        if self.mode.startswith("aot_fx_trace"):
             # Its memory policy is a graph pass, not a module wrapper.
             return "selective (graph)"
         match = _AC.search(self.ok()[0].output)
@@ -338,6 +348,10 @@ def summary(cells: list[Cell], mfu_scale: float = 1.0) -> list[str]:
                          f"{simple.median('tps') / fx.median('tps'):.3f}")
         elif (model, "aot_fx_trace", 2) in failed:
             parts.append("simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed")
+        no_dedup = by.get((model, "aot_fx_trace_no_dedup", 2))
+        if simple and no_dedup:
+            parts.append("simplefsdp_vs_aot_fx_trace_no_dedup_tokens_per_s_ratio="
+                         f"{simple.median('tps') / no_dedup.median('tps'):.3f}")
         if simple:
             parts.append(f"mfu_vs_matmul_peak={simple.median('mfu_pct') * mfu_scale / 100:.3f}")
         if simple and one:

@@ -104,6 +104,15 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
                         error="RuntimeError: boom")
     assert "simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed" in bench.summary(
         [simple, broken])[0]
+    # Where upstream's default fails, its run less the dedup pass gives a ratio.
+    no_dedup = bench.Cell("tiny", "aot_fx_trace_no_dedup", 2, [
+        _log(5.0, [1.0] * 3, [800] * 4, 30.0, state)])
+    assert ("simplefsdp_vs_aot_fx_trace_tokens_per_s_ratio=failed "
+            "simplefsdp_vs_aot_fx_trace_no_dedup_tokens_per_s_ratio=1.250") in bench.summary(
+        [simple, broken, no_dedup])[0]
+    assert bench.MODES["aot_fx_trace_no_dedup"] == (
+        "fx", ["--compile.disable_passes", "deduplicate_fsdp_unshard_chains_pass"])
+    assert ("aot_fx_trace_no_dedup", 2) in bench.MODELS["deepseek"].cells
     rows = bench.table([simple, fsdp2], bench.MODELS)
     assert "| 1.000 [0.800, 1.200] | 1000 | 30.0% | 1.04 | 11.76 / 11.76 / 23.51 | 90.0 / 11.0 |" in rows[2]
     failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],

@@ -343,6 +343,16 @@ PINNED: dict[str, dict[str, str]] = {
         "torch._dynamo.output_graph:GraphCompileReason": "4c66dbce75307a51",
         "torch._dynamo.exc:Unsupported": "9acc8ad0513f04fd",
     },
+    "bench-aot-fx-trace-no-dedup": {
+        # Merges every gather chain of one parameter into the first; a chain
+        # ends after the ops that follow its wait, casts included.
+        "torchtitan.experiments.graph_trainer.fsdp_passes:"
+        "deduplicate_fsdp_unshard_chains_pass": "443c00d53a9d4f83",
+        "torchtitan.experiments.graph_trainer.fsdp_patterns:"
+        "_find_last_user_in_wait_chain": "93937da7a827af1a",
+        # The experts cast the gathered fp32 weights to bf16 for grouped_mm.
+        "torchtitan.models.common.moe:GroupedExperts.forward": "a964d794b212d5a7",
+    },
 }
 
 
@@ -465,6 +475,38 @@ def test_traced_grouped_mm_still_refuses_fp32():
         with pytest.raises(RuntimeError, match="BFloat16"):
             torch._grouped_mm(a, b, offs=offs)
         assert torch._grouped_mm(a.bfloat16(), b.bfloat16(), offs=offs).shape == (16, 16)
+
+
+def test_dedup_pass_still_merges_gathers_of_different_dtypes():
+    """Row `bench-aot-fx-trace-no-dedup`: why upstream's aot_fx_trace fails on
+    the fp32 DeepSeek model. Two gathers of one parameter, one read as it is
+    and one cast to bf16 (what GroupedExperts.forward does), become one: the
+    bf16 reader is handed the fp32 value."""
+    import torch.fx as fx
+    from torchtitan.experiments.graph_trainer.fsdp_passes import (
+        deduplicate_fsdp_unshard_chains_pass,
+    )
+
+    c10d, aten = torch.ops._c10d_functional, torch.ops.aten
+    graph = fx.Graph()
+    shard, x = graph.placeholder("shard"), graph.placeholder("x")
+    gathered = []
+    for _ in range(2):
+        launched = graph.call_function(c10d.all_gather_into_tensor.default, (shard, 2, "0"))
+        gathered.append(graph.call_function(c10d.wait_tensor.default, (launched,)))
+    as_is = graph.call_function(aten.mm.default, (x, gathered[0]))
+    cast = graph.call_function(aten._to_copy.default, (gathered[1],),
+                               {"dtype": torch.bfloat16})
+    x_bf16 = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.bfloat16})
+    in_bf16 = graph.call_function(aten.mm.default, (x_bf16, cast))
+    graph.output((as_is, in_bf16))
+    gm = deduplicate_fsdp_unshard_chains_pass(fx.GraphModule(torch.nn.Module(), graph))
+
+    assert in_bf16.args[1] is gathered[0], (
+        "upstream's dedup pass no longer hands the bf16 reader the fp32 gather: "
+        "try aot_fx_trace on DeepSeek without --compile.disable_passes and revisit "
+        "row `bench-aot-fx-trace-no-dedup` of docs/upstream-workarounds.md")
+    assert cast not in gm.graph.nodes
 
 
 def test_gloo_has_no_premul_sum():
