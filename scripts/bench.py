@@ -175,12 +175,12 @@ class Cell:
         return tuple(float(x) for x in match.groups()) if match else None
 
     def backend(self) -> str:
-        if self.mode == "fsdp2":
+        # By the recipe the mode runs, so a peer's variants are labelled as it is.
+        recipe, args = MODES[self.mode]
+        if recipe == "fsdp2":
             return "eager"
-        if self.mode == "aot_fx_trace":
-            return "aot_fx_trace (aot_eager)"
-        if self.mode == "aot_fx_trace_no_dedup":
-            return f"aot_fx_trace (aot_eager) without {NO_DEDUP}"
+        if recipe == "fx":
+            return "aot_fx_trace (aot_eager)" + (f" without {NO_DEDUP}" if NO_DEDUP in args else "")
         match = _BACKEND.search(self.ok()[0].output)
         backend = "aot_eager" if self.mode.endswith("aot_eager") else (match[1] if match else "?")
         if self.mode == "simplefsdp_no_bucketing":
@@ -194,7 +194,7 @@ class Cell:
         return f"jit ({backend})" + (" + inductor bucketing" if "bucketing" in self.mode else "")
 
     def ac(self) -> str:
-        if self.mode.startswith("aot_fx_trace"):
+        if MODES[self.mode][0] == "fx":
             # Its memory policy is a graph pass, not a module wrapper.
             return "selective (graph)"
         match = _AC.search(self.ok()[0].output)

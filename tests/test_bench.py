@@ -113,6 +113,17 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
     assert bench.MODES["aot_fx_trace_no_dedup"] == (
         "fx", ["--compile.disable_passes", "deduplicate_fsdp_unshard_chains_pass"])
     assert ("aot_fx_trace_no_dedup", 2) in bench.MODELS["deepseek"].cells
+    # A peer's variants are labelled by the recipe they run, not read from its log.
+    labels = {mode: bench.Cell("tiny", mode, 2).backend() for mode in (
+        "fsdp2", "fsdp2_no_reshard", "aot_fx_trace", "aot_fx_trace_no_reshard",
+        "aot_fx_trace_no_dedup")}
+    assert labels == {
+        "fsdp2": "eager", "fsdp2_no_reshard": "eager",
+        "aot_fx_trace": "aot_fx_trace (aot_eager)",
+        "aot_fx_trace_no_reshard": "aot_fx_trace (aot_eager)",
+        "aot_fx_trace_no_dedup":
+            "aot_fx_trace (aot_eager) without deduplicate_fsdp_unshard_chains_pass"}
+    assert bench.Cell("tiny", "aot_fx_trace_no_reshard", 2).ac() == "selective (graph)"
     rows = bench.table([simple, fsdp2], bench.MODELS)
     assert "| 1.000 [0.800, 1.200] | 1000 | 30.0% | 1.04 | 11.76 / 11.76 / 23.51 | 90.0 / 11.0 |" in rows[2]
     failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
