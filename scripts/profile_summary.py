@@ -23,7 +23,7 @@ GROUPS = [
                 "aten::linear", "mkldnn")),
     ("attention", ("flash", "attention")),
     ("collective wait", ("wait_tensor", "c10d::wait")),
-    ("collective issue", ("all_gather", "reduce_scatter", "allgather", "_reduce_scatter",
+    ("collective issue", ("all_gather", "reduce_scatter", "allgather",
                           "all_reduce", "allreduce")),
     ("copy", ("aten::copy_", "aten::clone", "aten::cat", "aten::_to_copy")),
 ]
