@@ -1,7 +1,9 @@
 """Selective activation checkpointing in jit mode follows ``--compile.memory_policy``.
 
 Proves: under ``default`` no matmul of a block is recomputed in the backward
-graph, under ``eager`` every second one is (torchtitan's eager policy); the two
+graph, under ``eager`` every second one is (torchtitan's eager policy); under
+both, CPU attention is saved, not recomputed in backward, where torchtitan's own
+``SelectiveAC`` recomputes it; a user's own selective subclass is kept; the two
 policies never share a compile-cache entry; a memory policy jit mode cannot
 honour is refused at parse time, naming the flag and the fix.
 
@@ -11,6 +13,7 @@ Run: .venv/bin/python -m pytest tests/test_activation_checkpoint.py -q
 
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,8 +26,10 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
 from torchtitan_neuron.activation_checkpoint import (
+    AttentionSavingSAC,
     apply_activation_checkpointing,
     check_memory_policy,
+    save_attention,
 )
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -83,6 +88,64 @@ def test_selective_ac_recomputes_what_the_memory_policy_says(partition_fn):
     assert _matmuls("default", partition_fn) == (8, 16)
     # torchtitan's eager policy recomputes the 2nd and 4th of each block.
     assert _matmuls("eager", partition_fn) == (8, 16 + 4)
+
+
+CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+class AttentionBlock(nn.Module):
+    """A projection, causal SDPA (CPU's flash kernel), a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48, bias=False), nn.Linear(16, 16, bias=False)
+
+    def forward(self, x):
+        q, k, v = (t.view(2, 8, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(attn.transpose(1, 2).reshape(2, 8, 16))
+
+
+def _attention_calls(apply) -> tuple[int, int]:
+    """CPU flash attention forward calls in the forward and backward graph."""
+    counts = {}
+
+    def recorder(kind):
+        def compile_graph(gm, _inputs):
+            counts[kind] = Counter(n.target for n in gm.graph.nodes)[CPU_FLASH]
+            return make_boxed_func(gm.forward)
+        return compile_graph
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = compile_sac_block.Model()
+    model.layers = nn.ModuleDict({"0": AttentionBlock(), "1": AttentionBlock()})
+    apply(model)
+    backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"))
+    torch.compile(model, backend=backend)(torch.randn(2, 8, 16, requires_grad=True)).sum().backward()
+    return counts["fw"], counts["bw"]
+
+
+@pytest.mark.parametrize("memory_policy", ["default", "eager"])
+def test_selective_ac_saves_cpu_attention(memory_policy):
+    # torchtitan's SelectiveAC as it is: CPU attention runs again in backward.
+    assert _attention_calls(lambda m: SelectiveAC(SelectiveAC.Config()).apply(m)) == (2, 2)
+    assert _attention_calls(lambda m: apply_activation_checkpointing(
+        m, SelectiveAC.Config(), "", memory_policy)) == (2, 0)
+
+
+def test_only_torchtitans_own_selective_policy_is_promoted():
+    config = SelectiveAC.Config(preserve_rng_state=True)
+    promoted = save_attention(config)
+    assert type(promoted) is AttentionSavingSAC.Config and promoted.preserve_rng_state
+
+    class MySAC(SelectiveAC):
+        @dataclass(kw_only=True, slots=True)
+        class Config(SelectiveAC.Config):
+            pass
+
+    for kept in (FullAC.Config(), None, AttentionSavingSAC.Config(), MySAC.Config()):
+        assert save_attention(kept) is kept
 
 
 def test_the_two_policies_never_share_a_cache_entry():

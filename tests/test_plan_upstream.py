@@ -4,7 +4,7 @@ Proves: every upstream function the planner patches
 (``torchtitan_neuron.plan.patches.PATCHED``) has its source pinned in
 tests/test_upstream_drift.py (docs/upstream-workarounds.md, section
 "Memory planner"); torchtitan's selective-AC save list still lacks the CPU
-attention kernel and holds the CUDA and Neuron ones (what ``DeviceAttentionSAC``
+attention kernel and holds the CUDA and Neuron ones (what ``AttentionSavingSAC``
 works around); ``fast_tracing`` leaves the partitioned graphs of a
 selectively checkpointed function op for op as torch's defaults make them.
 
@@ -32,14 +32,14 @@ def test_every_patch_is_pinned():
 def test_selective_ac_saves_device_attention_but_not_cpu_attention():
     from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
-    from torchtitan_neuron.plan.trace import DeviceAttentionSAC
+    from torchtitan_neuron.activation_checkpoint import AttentionSavingSAC
 
     aten = torch.ops.aten
     upstream = SelectiveAC(SelectiveAC.Config()).get_save_ops()
     assert aten._scaled_dot_product_flash_attention_for_cpu.default not in upstream
     assert aten._scaled_dot_product_flash_attention.default in upstream
     assert aten._scaled_dot_product_fused_attention_overrideable.default in upstream
-    ours = DeviceAttentionSAC(DeviceAttentionSAC.Config()).get_save_ops()
+    ours = AttentionSavingSAC(AttentionSavingSAC.Config()).get_save_ops()
     assert ours - upstream == {aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 

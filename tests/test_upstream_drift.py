@@ -309,7 +309,7 @@ PINNED: dict[str, dict[str, str]] = {
         "torch._functorch._aot_autograd.graph_compile:_log_fw_bw_graphs": "b70cf72fc73b475a",
     },
     "plan-sac-detach": {"torch.utils.checkpoint:_detach_helper": "27afb262e06c34c5"},
-    "plan-device-attention-sac": {
+    "cpu-attention-sac": {
         "torchtitan.distributed.activation_checkpoint:SelectiveAC.get_save_ops":
             "d33eba0127fe72d8",
     },

@@ -6,6 +6,8 @@ per transformer block, with torchtitan's own ``FullAC`` / ``SelectiveAC``. What
 selective AC saves follows graph_trainer's ``--compile.memory_policy`` (which
 upstream reads in aot_fx_trace mode only): ``default`` saves every matmul,
 ``eager`` recomputes every second one, as torchtitan's eager policy does.
+Under both, attention is saved on CPU as it is on CUDA and Neuron
+(``AttentionSavingSAC``).
 
 SimpleFSDP gathers each parameter inside the traced graph (the parametrization
 ``ReplicateComputation``). Whether the gathered copy lives until backward is a
@@ -31,6 +33,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -45,6 +48,8 @@ from torch.utils.checkpoint import (
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
 from torchtitan.tools.logging import logger
+
+from torchtitan_neuron.config_utils import promote
 
 _RESHARD_MARK = "_torchtitan_neuron_reshard"
 # Set on a module instance whose gathered parameters are kept for backward.
@@ -98,6 +103,37 @@ def reshard_after_forward(model: nn.Module, reshard: bool = True) -> int:
     return wrapped
 
 
+class AttentionSavingSAC(SelectiveAC):
+    """torchtitan's selective AC, with attention saved on CPU as on CUDA and Neuron.
+
+    torchtitan's save list (``_get_default_save_ops``) holds CUDA's flash and
+    efficient SDPA kernels and Neuron's
+    ``_scaled_dot_product_fused_attention_overrideable``, but not CPU's
+    ``_scaled_dot_product_flash_attention_for_cpu``, so on CPU ranks
+    attention ran twice per layer: in forward, and again in backward. Saving
+    it (its output and log-sum-exp, as on the devices) makes a CPU rehearsal
+    recompute what a device run recomputes. Overriding ``get_save_ops`` is
+    upstream's documented way to tune the list.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(SelectiveAC.Config):
+        pass
+
+    def get_save_ops(self) -> set:
+        return SelectiveAC.get_save_ops(self) | {
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def save_attention(ac_config):
+    """``ac_config`` with torchtitan's ``SelectiveAC`` promoted to
+    ``AttentionSavingSAC``; any other policy (full, none, a subclass a user
+    chose) as it is."""
+    if type(ac_config) is SelectiveAC.Config:
+        return promote(ac_config, AttentionSavingSAC.Config)
+    return ac_config
+
+
 # graph_trainer's ``--compile.memory_policy`` choices (GraphTrainerCompileConfig)
 # and what each means for the recipe's AC in jit mode.
 JIT_MEMORY_POLICIES = ("default", "eager")
@@ -115,6 +151,7 @@ def apply_activation_checkpointing(
     matmul, as torchtitan's eager ``SelectiveAC`` does.
     """
     check_memory_policy(ac_config, memory_policy)
+    ac_config = save_attention(ac_config)
     if ac_config is None:
         logger.info("Activation checkpointing: none (parameter gathers still recomputed)")
         return

@@ -12,37 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from unittest import mock
 
-import torch
-from torchtitan.distributed.activation_checkpoint import SelectiveAC
-
-from torchtitan_neuron.config_utils import promote
+from torchtitan_neuron.activation_checkpoint import save_attention
 from torchtitan_neuron.memory import StorageTracker, instrument, state_bytes
 from torchtitan_neuron.plan.backend import PlanBackend
 from torchtitan_neuron.plan.patches import fake_model_state, fast_tracing
-
-
-class DeviceAttentionSAC(SelectiveAC):
-    """Selective AC that saves attention as it would on CUDA.
-
-    On CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``,
-    which torchtitan's save list lacks, so a CPU run recomputes attention in
-    the backward. CUDA's flash/efficient kernels are in the list, so there
-    attention and its log-sum-exp are saved. Planning for CUDA saves the CPU
-    kernel (same outputs, same shapes) as CUDA would. Neuron targets need
-    none of this: they trace on the fake ``neuron`` device, where SDPA is
-    ``_scaled_dot_product_fused_attention_overrideable``, already in the list.
-    """
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(SelectiveAC.Config):
-        pass
-
-    def get_save_ops(self) -> set:
-        return SelectiveAC.get_save_ops(self) | {
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 
 def traced_config(config) -> None:
@@ -67,9 +42,10 @@ def prepare_config(config, target: str, backend: PlanBackend, neuron: bool = Fal
         config.comm.mode = "fake_backend"
     if config.compile.enable:
         config.compile.backend = backend.name
-    ac = config.activation_checkpoint
-    if target == "cuda" and type(ac) is SelectiveAC.Config:
-        config.activation_checkpoint = promote(ac, DeviceAttentionSAC.Config)
+    if target == "cuda":
+        # Attention saved as CUDA's kernels are (SimpleFSDP recipes do so
+        # in training on every device; this covers the other recipes).
+        config.activation_checkpoint = save_attention(config.activation_checkpoint)
 
 
 @contextlib.contextmanager
