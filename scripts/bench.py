@@ -107,7 +107,10 @@ MODES = {
 _STATE = re.compile(r"Per-rank sharded state: parameters ([\d.]+) MiB, gradients "
                     r"([\d.]+) MiB, optimizer state ([\d.]+) MiB")
 _BACKEND = re.compile(r"compile backend (\w+)")
-_AC = re.compile(r"Applied (\w+)AC activation checkpointing")
+_AC = re.compile(r"Applied (\w+) activation checkpointing")
+# torchtitan logs the policy's class name; AttentionSavingSAC is the recipe's
+# SelectiveAC saving CPU attention (torchtitan_neuron.activation_checkpoint).
+_AC_NAMES = {"FullAC": "full", "SelectiveAC": "selective", "AttentionSavingSAC": "selective"}
 
 
 @dataclass
@@ -198,7 +201,7 @@ class Cell:
             # Its memory policy is a graph pass, not a module wrapper.
             return "selective (graph)"
         match = _AC.search(self.ok()[0].output)
-        return match[1].lower() if match else "none"
+        return _AC_NAMES.get(match[1], match[1]) if match else "none"
 
     def cold_warm(self) -> tuple[float, float | None]:
         if self.mode == NO_COMM:

@@ -124,6 +124,14 @@ def test_cells_take_the_median_of_launches_and_print_the_ratios():
         "aot_fx_trace_no_dedup":
             "aot_fx_trace (aot_eager) without deduplicate_fsdp_unshard_chains_pass"}
     assert bench.Cell("tiny", "aot_fx_trace_no_reshard", 2).ac() == "selective (graph)"
+    # The AC column names the policy as the recipe's config does.
+    for logged, shown in (("AttentionSavingSAC", "selective"), ("SelectiveAC", "selective"),
+                          ("FullAC", "full")):
+        run = _log(5.0, [1.0] * 3, [800] * 4, 30.0,
+                   f"Applied {logged} activation checkpointing to the model")
+        assert bench.Cell("tiny", "simplefsdp", 2, [run]).ac() == shown
+    assert bench.Cell("tiny", "simplefsdp", 2, [_log(5.0, [1.0] * 3, [800] * 4, 30.0)]).ac() \
+        == "none"
     rows = bench.table([simple, fsdp2], bench.MODELS)
     assert "| 1.000 [0.800, 1.200] | 1000 | 30.0% | 1.04 | 11.76 / 11.76 / 23.51 | 90.0 / 11.0 |" in rows[2]
     failed = bench.Cell("tiny", "aot_fx_trace", 2, [Run(1, "RuntimeError: boom", 1.0)],
