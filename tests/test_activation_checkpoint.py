@@ -59,24 +59,32 @@ def Model() -> nn.Module:
     return model
 
 
-def _matmuls(memory_policy: str, partition_fn=None) -> tuple[int, int]:
-    """Matmuls in the forward and backward graph of one compiled step."""
+def _op_counts(op, block, apply, x, partition_fn=None) -> tuple[int, int]:
+    """Calls of ``op`` in the forward and backward graph of one compiled step
+    of a two-block model of ``block``s, after ``apply(model)``."""
     counts = {}
 
     def recorder(kind):
         def compile_graph(gm, _inputs):
-            counts[kind] = Counter(n.target for n in gm.graph.nodes)[MM]
+            counts[kind] = Counter(n.target for n in gm.graph.nodes)[op]
             return make_boxed_func(gm.forward)
         return compile_graph
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = Model()
-    apply_activation_checkpointing(model, SelectiveAC.Config(), "", memory_policy)
+    model = compile_sac_block.Model()
+    model.layers = nn.ModuleDict({"0": block(), "1": block()})
+    apply(model)
     kwargs = {"partition_fn": partition_fn} if partition_fn else {}
     backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"), **kwargs)
-    torch.compile(model, backend=backend)(torch.randn(8, 16, requires_grad=True)).sum().backward()
+    torch.compile(model, backend=backend)(x.requires_grad_()).sum().backward()
     return counts["fw"], counts["bw"]
+
+
+def _matmuls(memory_policy: str, partition_fn=None) -> tuple[int, int]:
+    """Matmuls in the forward and backward graph of one compiled step."""
+    return _op_counts(MM, Block, lambda m: apply_activation_checkpointing(
+        m, SelectiveAC.Config(), "", memory_policy), torch.randn(8, 16), partition_fn)
 
 
 # aot_eager's partitioner and inductor's (min-cut) both follow the tags.
@@ -108,22 +116,7 @@ class AttentionBlock(nn.Module):
 
 def _attention_calls(apply) -> tuple[int, int]:
     """CPU flash attention forward calls in the forward and backward graph."""
-    counts = {}
-
-    def recorder(kind):
-        def compile_graph(gm, _inputs):
-            counts[kind] = Counter(n.target for n in gm.graph.nodes)[CPU_FLASH]
-            return make_boxed_func(gm.forward)
-        return compile_graph
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = compile_sac_block.Model()
-    model.layers = nn.ModuleDict({"0": AttentionBlock(), "1": AttentionBlock()})
-    apply(model)
-    backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"))
-    torch.compile(model, backend=backend)(torch.randn(2, 8, 16, requires_grad=True)).sum().backward()
-    return counts["fw"], counts["bw"]
+    return _op_counts(CPU_FLASH, AttentionBlock, apply, torch.randn(2, 8, 16))
 
 
 @pytest.mark.parametrize("memory_policy", ["default", "eager"])
