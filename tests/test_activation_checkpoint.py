@@ -52,10 +52,10 @@ class Block(nn.Module):
         return x
 
 
-def Model() -> nn.Module:
-    """compile_sac_block's two-block model, with these blocks."""
+def Model(block=Block) -> nn.Module:
+    """compile_sac_block's two-block model, with ``block``s."""
     model = compile_sac_block.Model()
-    model.layers = nn.ModuleDict({"0": Block(), "1": Block()})
+    model.layers = nn.ModuleDict({"0": block(), "1": block()})
     return model
 
 
@@ -72,8 +72,7 @@ def _op_counts(op, block, apply, x, partition_fn=None) -> tuple[int, int]:
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = compile_sac_block.Model()
-    model.layers = nn.ModuleDict({"0": block(), "1": block()})
+    model = Model(block)
     apply(model)
     kwargs = {"partition_fn": partition_fn} if partition_fn else {}
     backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"), **kwargs)
