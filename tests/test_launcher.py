@@ -6,7 +6,9 @@ preflight checks the ranks' own arguments with NGPU from --nproc_per_node.
 Ctrl-C on the launcher
 (every rank gone within 5 s, exit code 130, no process left) is checked where
 test_correctness.py interrupts a checkpointing run. A rank that crashes
-mid-run stops the others within 30 s, and its error is the first printed.
+mid-run stops the others within 30 s, and its error is the first printed. A
+rank killed by a signal (SIGABRT) is named with the signal in words and its
+last lines of output, though ``LOG_RANK`` hid them.
 COMM_MODE=fake_backend is torchtitan's one-process dry run of the NGPU-rank
 layout (one step, exit 0); an unknown COMM_MODE is refused with the accepted
 values, exit 2.
@@ -17,6 +19,7 @@ dry run (29 s) in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_launcher.py -q
 """
 
+import sys
 import time
 
 import pytest
@@ -70,6 +73,40 @@ def test_a_crashing_rank_stops_the_others_and_is_named_first(tmp_path):
     errors = [l for l in output.splitlines() if "Error" in l or "failed first" in l]
     assert "rank 1 failed first: RuntimeError: injected failure on rank 1 at step 3" in errors[0]
     assert "train_crashing_rank.py:" in errors[0]
+
+
+@pytest.mark.e2e
+def test_a_rank_ended_by_a_signal_is_named_with_its_last_lines(tmp_path):
+    """Rank 1 (hidden by --local-ranks-filter 0) aborts: the launcher names
+    SIGABRT in words and prints rank 1's last lines, stderr and stdout, and
+    where every rank's output is kept."""
+    import os
+
+    from runlog import run_command
+
+    cmd = [sys.executable, "-m", "torchtitan_neuron.launch", "--nproc_per_node=2",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+           "--log-dir", str(tmp_path), "tests/helpers/abort_rank.py"]
+    result = run_command(cmd, dict(os.environ, ABORT_RANK="1"), timeout=120)
+    output = result.output
+    assert result.returncode == 1, output[-3000:]
+    assert not result.left, result.left
+    assert ("rank 1 (local rank 1, PID " in output and "was ended by SIGABRT: the process "
+            "aborted, usually a failed check or heap corruption inside the C++ runtime"
+            in output), output[-3000:]
+    assert f"Every rank's output: {tmp_path}" in output
+    # Rank 1's last 30 lines of each stream, though its output was filtered.
+    assert "rank 1 err 39" in output and "rank 1 line 39" in output
+    assert "rank 1 err 10" in output and "rank 1 err 9\n" not in output
+
+
+def test_signal_words_name_the_usual_cause():
+    from torchtitan_neuron.launch import signal_words
+
+    assert signal_words("SIGKILL").startswith("SIGKILL: killed from outside")
+    assert "out-of-memory killer" in signal_words("SIGKILL")
+    assert signal_words("SIGUSR2") == "SIGUSR2"
 
 
 @pytest.mark.e2e

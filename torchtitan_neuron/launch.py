@@ -11,6 +11,11 @@ sees:
 - A rank fails: torchrun stops the others (SIGTERM) as soon as it sees the
   failure. This module prints the first failure (which rank, its exception
   and where it was raised) before torchrun's per-rank table, and exits 1.
+  A rank killed by a signal leaves no error file: then the signal is named in
+  words and that rank's last lines of output are printed, whatever
+  ``--local-ranks-filter`` (``LOG_RANK``) hid. Every rank's output is kept in
+  torchrun's log folder (``--log-dir``, or a fresh ``torchelastic_*`` folder
+  in the temporary directory), whose path the failure message gives.
 - ``--preflight`` (first, as ``run_train.sh`` passes it): the config checks
   of ``torchtitan_neuron.preflight`` run in their own process while this one
   loads torchrun, and no rank starts unless they pass; a failing check's
@@ -22,9 +27,29 @@ sees:
   says which, with the endpoint and what to check, and exits 1.
 """
 
+import glob
 import os
 import signal
 import sys
+import tempfile
+
+# What a signal that ended a rank usually means, in words.
+SIGNAL_MEANINGS = {
+    "SIGABRT": "the process aborted, usually a failed check or heap corruption "
+               "inside the C++ runtime",
+    "SIGSEGV": "the process read or wrote memory it does not own, a crash inside "
+               "native code",
+    "SIGBUS": "a memory access the hardware refused, often a file mapped into "
+              "memory that shrank or a full /dev/shm",
+    "SIGILL": "the CPU met an instruction it does not have: code built for another "
+              "processor",
+    "SIGFPE": "an arithmetic fault in native code, such as an integer division by zero",
+    "SIGKILL": "killed from outside, most often by the kernel's out-of-memory killer "
+               "(see dmesg) or a job scheduler",
+    "SIGTERM": "asked to stop from outside, by a job scheduler or a user",
+    "SIGINT": "interrupted (Ctrl-C)",
+}
+TAIL_LINES = 30
 
 
 def root_cause(exc) -> str:
@@ -44,6 +69,46 @@ def root_cause(exc) -> str:
         text = f"exit code {failure.exitcode}" + (
             f" ({failure.signal_name()})" if failure.exitcode < 0 else "")
     return f"rank {rank} failed first: {text}{where}"
+
+
+def signal_words(name: str) -> str:
+    """``SIGABRT: the process aborted, ...``: the signal and what it usually means."""
+    meaning = SIGNAL_MEANINGS.get(name)
+    return f"{name}: {meaning}" if meaning else name
+
+
+def rank_log_tail(log_dir: str, local_rank: int, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of each of ``local_rank``'s output files in
+    torchrun's ``log_dir`` (its newest attempt), each under a header with the
+    file's path; empty when there are none."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")),
+                      key=os.path.getmtime)
+    if not attempts:
+        return ""
+    parts = []
+    for stream in ("stderr", "stdout"):
+        path = os.path.join(attempts[-1], str(local_rank), f"{stream}.log")
+        try:
+            with open(path, errors="replace") as f:
+                tail = f.read().splitlines()[-lines:]
+        except OSError:
+            continue
+        if tail:
+            parts.append(f"--- last {len(tail)} lines of {path}\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def signal_report(exc, log_dir: str) -> str:
+    """For a first failure that was a signal: what the signal means, and the
+    rank's last lines of output; empty otherwise."""
+    rank, failure = exc.get_first_failure()
+    if failure.exitcode >= 0:
+        return ""
+    name = failure.signal_name()
+    tail = rank_log_tail(log_dir, failure.local_rank)
+    return (f"rank {rank} (local rank {failure.local_rank}, PID {failure.pid}) was ended by "
+            f"{signal_words(name)}. Every rank's output: {log_dir}\n"
+            + (tail or f"(no output of local rank {failure.local_rank} in {log_dir})"))
 
 
 def rendezvous_failure(args, exc) -> str:
@@ -111,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     args = run.parse_args(argv)
+    if not args.log_dir:
+        # torchrun's own default, made here so that a failure can name it.
+        args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     try:
         _choose_cpu_allocator()
     except ValueError as exc:
@@ -131,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         os._exit(1)
     except ChildFailedError as exc:
-        print(f"torchtitan_neuron.launch: {root_cause(exc)}\n{exc.format_msg()}",
+        report = signal_report(exc, args.log_dir)
+        print(f"torchtitan_neuron.launch: {root_cause(exc)}\n"
+              + (f"{report}\n" if report else "") + exc.format_msg(),
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)

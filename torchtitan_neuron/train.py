@@ -15,6 +15,11 @@ A rank that finishes (trainer closed: checkpoints, metrics and the process
 group done) flushes its log and exits 0 the same way, skipping about two
 seconds of teardown.
 
+A rank that native code ends with a fatal signal (SIGABRT, SIGSEGV, SIGBUS,
+SIGILL, SIGFPE) first writes the Python stack of every thread to stderr
+(``faulthandler``), which ``torchtitan_neuron.launch`` prints with that rank's
+last lines.
+
 A rank whose collective fails because another rank died (gloo's "Connection
 closed by peer") waits quietly for torchrun to stop it, so the first error a
 user sees is the failing rank's own, which ``torchtitan_neuron.launch``
@@ -68,7 +73,11 @@ def _exit_now(code: int) -> None:
 
 
 def main() -> None:
+    import faulthandler
+
     from torchtitan.tools.logging import init_logger
+
+    faulthandler.enable(all_threads=True)
 
     from torchtitan_neuron import platform
 
