@@ -26,7 +26,7 @@ import torch
 
 from torchtitan.tools.logging import logger
 
-from torchtitan_neuron import cpu_allocator, known_warnings
+from torchtitan_neuron import cpu_allocator, gloo, known_warnings
 
 # Where torchtitan 0.3.0 keeps an import-time copy of ``device_type`` and/or
 # ``device_module``. A test checks this list against torchtitan's source, so a
@@ -513,8 +513,9 @@ def install(platform: Platform | None = None) -> Platform:
     ``NeuronDeviceModule`` there (memory read after a synchronize), and each
     launched rank gets its own NEFF cache. On cuda torchtitan's own detection
     is right and nothing is touched. On every platform a launched rank gets
-    its own inductor cache (``per_rank_compile_cache``). Calling it again is
-    a no-op.
+    its own inductor cache (``per_rank_compile_cache``), and gloo process
+    groups run one worker thread (``gloo.install``: torch 2.14.1's two race
+    and corrupt the heap). Calling it again is a no-op.
     """
     global _installed
     if _installed is not None:
@@ -523,6 +524,7 @@ def install(platform: Platform | None = None) -> Platform:
     hidden = known_warnings.install(platform.name)
     touched = {"cpu": _install_cpu, "neuron": _install_neuron}.get(
         platform.name, lambda: [])()
+    single_worker_gloo = gloo.install()
     caches = [per_rank_compile_cache()]
     if platform.name == "neuron":
         caches.append(per_rank_neff_cache())
@@ -536,6 +538,7 @@ def install(platform: Platform | None = None) -> Platform:
            if touched else "")
         + (f"; compile cache {', '.join(caches)}" if caches else "")
         + (f"; {cpu_allocator.describe()}" if platform.name == "cpu" else "")
+        + ("; gloo process groups with one worker thread" if single_worker_gloo else "")
     )
     hidden_line = known_warnings.describe(hidden, platform.name)
     if hidden_line:
