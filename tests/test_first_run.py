@@ -2,8 +2,8 @@
 
 Proves: every warning line the run prints is on the allow-list below (the jit
 deprecation, once); the start-up line says which known upstream warnings were
-hidden and how to show them, and the ranks' allocator (jemalloc where
-installed); the first step's compile is announced with its
+hidden and how to show them, the ranks' allocator (jemalloc where
+installed) and their gloo groups' one worker thread; the first step's compile is announced with its
 cache folder, kept alive by heartbeats and timed as a cold cache; rank 0 ends
 with a summary (steps, first and last loss as the step lines print them,
 medians after the first step, peak memory, compile time, where the outputs
@@ -71,6 +71,8 @@ def test_make_train_reads_clean(tmp_path):
         assert f"allocator jemalloc (MALLOC_CONF={JEMALLOC_CONF};" in text, text[-4000:]
     else:
         assert "allocator glibc malloc; CPU ranks step faster on jemalloc" in text, text[-4000:]
+    # Gloo groups without torch 2.14.1's racing second worker (test_gloo.py).
+    assert "gloo process groups with one worker thread" in text, text[-4000:]
 
     # The compile: announced with the cache folder, heartbeats, timed (cold).
     assert (f"this happens on the first step only (compile cache: {tmp_path / 'inductor'}"

@@ -25,7 +25,7 @@ ROOT = "torchtitan_neuron"
 # needs nothing above it.
 FOUNDATIONS = (
     "activation_checkpoint", "checkpoint", "components", "config_utils", "data",
-    "init", "memory", "platform",
+    "gloo", "init", "memory", "platform",
 )
 ABOVE_FOUNDATIONS = ("experiments", "launch", "models", "plan", "preflight", "train", "trainer")
 # importer -> what it must not import

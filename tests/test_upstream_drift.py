@@ -30,6 +30,12 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "upstream-workarounds.md"
 # as "module:qualified.name" -> the first 16 hex digits of the sha256 of the
 # definition's source in torch 2.14.1 / torchtitan 0.3.0.
 PINNED: dict[str, dict[str, str]] = {
+    "gloo-one-worker": {
+        # Builds the gloo group with the constructor's default of two worker
+        # threads per device, which race in ProcessGroupGloo::runLoop.
+        "torch.distributed.distributed_c10d:_create_gloo_process_group": "f89272ab847d054a",
+        "torch.distributed.distributed_c10d:_register_builtin_gloo_backend": "49fa67e44e86aa34",
+    },
     "device-globals": {
         # Falls back to "cuda" when no accelerator is found.
         "torchtitan.tools.utils:get_device_info": "028417d78046c5ed",
@@ -507,6 +513,26 @@ def test_dedup_pass_still_merges_gathers_of_different_dtypes():
         "try aot_fx_trace on DeepSeek without --compile.disable_passes and revisit "
         "row `bench-aot-fx-trace-no-dedup` of docs/upstream-workarounds.md")
     assert cast not in gm.graph.nodes
+
+
+def test_torchs_gloo_group_still_runs_two_worker_threads():
+    """Row `gloo-one-worker`: torch's own gloo group has the two workers that
+    race; the project's creator gives one, with the same timeout."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import (
+        _create_gloo_process_group, _DistributedBackendOptions)
+
+    from torchtitan_neuron.gloo import create_process_group
+
+    opts = _DistributedBackendOptions()
+    opts.store, opts.group_rank, opts.group_size = dist.HashStore(), 0, 1
+    opts.timeout, opts.group_id, opts.global_ranks_in_group = timedelta(seconds=77), "g", [0]
+    assert _create_gloo_process_group(opts, None).options._threads == 2
+    ours = create_process_group(opts)
+    assert ours.options._threads == 1 and ours.options._timeout == timedelta(seconds=77)
+    assert ours.options.group_name == "g" and ours.options.global_ranks_in_group == [0]
 
 
 def test_gloo_has_no_premul_sum():
