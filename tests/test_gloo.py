@@ -12,6 +12,8 @@ helper aborted 3 of 10 launches of 3000 iterations on glibc
 it is checked where ``make train`` runs (test_first_run.py); that torch's
 own group still has two workers, in test_upstream_drift.py.
 
+Also: ``scripts/launch_loop.sh`` refuses a mode it does not know.
+
 Tier: the race launch (about 90 s) in ``make test-slow``; the rest fast.
 Run: .venv/bin/python -m pytest tests/test_gloo.py -q
 """
@@ -75,3 +77,12 @@ def test_the_race_reproduction_completes_with_one_worker():
     assert "done: 9000 iterations of 8 collectives" in result.output
     assert "1 gloo worker threads" in result.output
     assert not result.left, result.left
+
+
+def test_the_soak_refuses_an_unknown_mode():
+    """scripts/launch_loop.sh (the soak of docs/troubleshooting.md) names the
+    modes it takes before launching anything."""
+    result = subprocess.run(["bash", "scripts/launch_loop.sh", "1", "tcmalloc"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "unknown mode tcmalloc: use glibc, checked or jemalloc" in result.stderr
