@@ -5,7 +5,9 @@ clearly, with a non-zero exit before any rank starts; the launcher's
 preflight checks the ranks' own arguments with NGPU from --nproc_per_node.
 Ctrl-C on the launcher
 (every rank gone within 5 s, exit code 130, no process left) is checked where
-test_correctness.py interrupts a checkpointing run. A rank that crashes
+test_correctness.py interrupts a checkpointing run; here, a rank ends on
+Ctrl-C within the grace second plus 3 s both where library code swallows the
+``KeyboardInterrupt`` and where its main thread is held in native code. A rank that crashes
 mid-run stops the others within 30 s, and its error is the first printed. A
 rank killed by a signal (SIGABRT) is named with the signal in words and its
 last lines of output, though ``LOG_RANK`` hid them.
@@ -128,3 +130,32 @@ def test_unknown_comm_mode_is_refused_with_the_accepted_values(run):
     assert "COMM_MODE=fake is not a mode of this launcher" in result.output
     assert "plan, rehearse, fake_backend or local_tensor" in result.output
     assert "Training starts" not in result.output
+
+
+@pytest.mark.parametrize("held", ["swallow", "native"])
+def test_ctrl_c_ends_a_rank_whatever_its_main_thread_is_doing(held):
+    # A KeyboardInterrupt that library code catches and drops, or a main
+    # thread held in native code, must not keep a rank alive after Ctrl-C.
+    import os
+    import signal
+    import subprocess
+
+    from torchtitan_neuron.train import INTERRUPT_GRACE_S, INTERRUPTED_MESSAGE
+
+    proc = subprocess.Popen([sys.executable, "tests/helpers/interrupted_rank.py", held],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    output = proc.stdout.read()
+    assert code == 130, output
+    assert INTERRUPTED_MESSAGE in output
+    assert took < INTERRUPT_GRACE_S + 3, f"{held}: {took:.1f}s to stop"
+    # Held in native code, the watcher thread ends it; otherwise the handler.
+    assert ("ended by the interrupt watcher" in output) == (held == "native"), output

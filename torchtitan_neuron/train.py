@@ -7,7 +7,11 @@ flag, a refused setting) is reported in one line with exit code 2.
 Ctrl-C (SIGINT, which torchrun forwards to every rank) ends the rank at once
 with exit code 130: the log is flushed, and the interpreter's teardown of the
 compiled graphs and the process group, which takes seconds and holds nothing
-the user needs, is skipped. A checkpoint being written when the signal comes
+the user needs, is skipped. The rank exits from the signal handler itself, not
+through a ``KeyboardInterrupt`` that library code on the way up could catch
+and drop; and where the main thread is held inside native code that does not
+return to Python (a collective whose peer is still running), a watcher thread
+woken by the signal ends the rank within ``INTERRUPT_GRACE_S``. A checkpoint being written when the signal comes
 is never mistaken for a good one: checkpoints are written under a temporary
 name and renamed when complete.
 
@@ -28,10 +32,15 @@ prints first.
 
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+# How long the watcher thread lets the main thread's handler act on Ctrl-C
+# before ending the rank itself.
+INTERRUPT_GRACE_S = 1.0
 
 # What a rank's collective reports when another rank has died under it.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -50,15 +59,58 @@ def _peer_failure(exc: BaseException) -> bool:
     return any(text in str(exc) for text in _PEER_GONE)
 
 
+INTERRUPTED_MESSAGE = (
+    "Interrupted (SIGINT): this rank stops now, without finishing the step. "
+    "Checkpoints already written are complete; resume from the last one "
+    "with --checkpoint.enable."
+)
+
+
 def _exit_interrupted() -> None:
     from torchtitan.tools.logging import logger
 
-    logger.warning(
-        "Interrupted (SIGINT): this rank stops now, without finishing the step. "
-        "Checkpoints already written are complete; resume from the last one "
-        "with --checkpoint.enable."
-    )
+    logger.warning(INTERRUPTED_MESSAGE)
     _exit_now(INTERRUPTED_EXIT_CODE)
+
+
+def _on_sigint(signum, frame) -> None:
+    """The main thread's SIGINT handler: leave now, whatever was running."""
+    _exit_interrupted()
+
+
+def _watch_interrupts(read_fd: int) -> None:
+    """Woken by the C-level signal handler through the wakeup fd, even while
+    the main thread is inside native code; ends the rank if the main thread's
+    handler has not within ``INTERRUPT_GRACE_S``."""
+    while True:
+        try:
+            received = os.read(read_fd, 64)
+        except OSError:
+            return
+        if signal.SIGINT in received:
+            time.sleep(INTERRUPT_GRACE_S)
+            # The main thread is held in native code and may hold the logging
+            # lock, so the line is written to the file descriptor directly.
+            os.write(2, f"{INTERRUPTED_MESSAGE} (main thread held in native "
+                        "code; ended by the interrupt watcher)\n".encode())
+            os._exit(INTERRUPTED_EXIT_CODE)
+
+
+def install_interrupt_handler() -> None:
+    """Ctrl-C ends this process at once with exit code 130 (main thread only)."""
+    signal.signal(signal.SIGINT, _on_sigint)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if previous != -1:
+        # Someone else reads the wakeup fd; keep theirs and rely on the
+        # main-thread handler alone.
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    threading.Thread(target=_watch_interrupts, args=(read_fd,), daemon=True,
+                     name="interrupt-watcher").start()
 
 
 def _exit_now(code: int) -> None:
@@ -78,6 +130,7 @@ def main() -> None:
     from torchtitan.tools.logging import init_logger
 
     faulthandler.enable(all_threads=True)
+    install_interrupt_handler()
 
     from torchtitan_neuron import platform
 
