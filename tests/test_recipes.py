@@ -6,7 +6,10 @@ and resolves its layout at NGPU=64 (FSDP64 for Llama, TP4 x FSDP16 with the
 tutorial's overrides); SimpleFSDP recipes are jit-only with SDPA, the
 prefix-cache rotary path and compiled model/loss/grad_clip on the neuron
 backend; ``--compile.mode`` other than jit is refused at parse time;
-``promote`` carries every field and loses none without being told to.
+``promote`` carries every field and loses none without being told to; every
+recipe builds, field by field, the config saved in
+``tests/assets/recipe_configs.json.xz`` (``scripts/dump_configs.py``), so a
+change that moves code changes no recipe unnoticed.
 
 Tier: fast.
 Run: .venv/bin/python -m pytest tests/test_recipes.py -q
@@ -263,3 +266,41 @@ def test_overlap_collectives_sets_inductor_reordering_only_for_inductor():
         from torch._inductor import comms
 
         assert all(callable(getattr(comms, name)) for name in OVERLAP_PASSES)
+
+
+def test_every_recipe_builds_the_config_it_built_before():
+    # A recipe that changes on purpose is saved again with
+    #   .venv/bin/python scripts/dump_configs.py --write tests/assets/recipe_configs.json.xz
+    # and its diff read before committing.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "scripts/dump_configs.py", "--check",
+         "tests/assets/recipe_configs.json.xz"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 differences" in result.stdout
+
+
+def test_the_config_dump_names_the_field_that_changed():
+    from dump_configs import _strip_modules, differences, walk
+
+    from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
+        simple_fsdp_llama3_debugmodel,
+    )
+
+    before = walk(simple_fsdp_llama3_debugmodel())
+    changed = simple_fsdp_llama3_debugmodel()
+    changed.training.seq_len += 1
+    assert differences(before, walk(changed)) == [
+        f"training.seq_len: {changed.training.seq_len - 1} -> {changed.training.seq_len}"
+    ]
+    # A class that only moved module differs, unless module paths are ignored.
+    moved = {"@type": "torchtitan_neuron.elsewhere.NeuronCompileConfig"}
+    kept = {"@type": "torchtitan_neuron.trainer.NeuronCompileConfig"}
+    assert differences(kept, moved) and not differences(_strip_modules(kept),
+                                                        _strip_modules(moved))
