@@ -216,7 +216,7 @@ class Cell:
 def matmul_peak_flops() -> float:
     import torch
 
-    from torchtitan_neuron.platform import measure_matmul_flops
+    from torchtitan_neuron.devices.cpu import measure_matmul_flops
 
     torch.set_num_threads(1)
     return measure_matmul_flops(torch.float32, n=2048, repeats=7)
@@ -498,8 +498,8 @@ def main() -> int:
 
 def ranks_allocator(environ=os.environ) -> str:
     """What run_train.sh's launcher gives every cell's ranks
-    (``torchtitan_neuron.cpu_allocator``)."""
-    from torchtitan_neuron.cpu_allocator import rank_environment
+    (``torchtitan_neuron.devices.cpu_allocator``)."""
+    from torchtitan_neuron.devices.cpu_allocator import rank_environment
 
     preload = rank_environment(environ).get("LD_PRELOAD", environ.get("LD_PRELOAD", ""))
     return "jemalloc" if "jemalloc" in preload else "glibc malloc"

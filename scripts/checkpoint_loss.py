@@ -77,10 +77,10 @@ def build_model(module: str, recipe: str, trainer_args: list[str]):
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
 
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
     init_logger()
-    platform.install()
+    devices.install()
     config = ConfigManager().parse_args(["--module", module, "--config", recipe, *trainer_args])
     spec = config.model_spec
     model_config = spec.model

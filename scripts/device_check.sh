@@ -4,13 +4,13 @@
 #   scripts/device_check.sh [--dry-run] [--steps N] [--timeout S] [--log PATH]
 #
 # For a machine with an accelerator (the CPU branch has the test suite). The
-# platform is picked as torchtitan_neuron.platform.detect() picks it: neuron if
+# platform is picked as torchtitan_neuron.devices.detect() picks it: neuron if
 # torch_neuronx is installed, else cuda if torch.cuda.is_available(); with
 # neither it says so and exits 2.
 #
 #   cuda    NGPU=1: simple_fsdp_llama3_debugmodel (SimpleFSDP on one rank) and
 #           llama3_debugmodel_neuron_compiled (torchtitan's Trainer, compiled)
-#   neuron  NGPU = the NeuronCores torchtitan_neuron.platform.device_count()
+#   neuron  NGPU = the NeuronCores torchtitan_neuron.devices.device_count()
 #           counts: simple_fsdp_llama3_debugmodel and
 #           simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2 (TP2, so it needs
 #           an even count), then the rehearsal's verdict on each
@@ -92,7 +92,7 @@ strip_ansi() { sed -u 's/\x1b\[[0-9;]*m//g'; }
 detect_platform() {
     "$PYTHON" - <<'EOF'
 import torch
-from torchtitan_neuron.platform import detect, device_count
+from torchtitan_neuron.devices import detect, device_count
 
 p = detect()
 n = device_count(p.name)
@@ -150,7 +150,7 @@ choose_ngpu() {
     elif [ "$COUNT" -gt 0 ] 2>/dev/null; then
         NGPU=$COUNT
     else
-        die "torchtitan_neuron.platform.device_count('neuron') found no NeuronCores" \
+        die "torchtitan_neuron.devices.device_count('neuron') found no NeuronCores" \
             "(torch_neuronx did not import or reported none); set DEVICE_CHECK_NEURON_CORES=N" \
             "to name the count"
     fi

@@ -150,9 +150,9 @@ def _worker(rank: int, world: int, port: int, tp: bool, odd_rows: int, results):
     try:
         from torchtitan.distributed.parallel_dims import ParallelDims
 
-        from torchtitan_neuron import platform
+        from torchtitan_neuron import devices
 
-        platform.install()  # a CPU device mesh
+        devices.install()  # a CPU device mesh
         dims = ParallelDims(dp_replicate=1, dp_shard=world // (2 if tp else 1), cp=1,
                             tp=2 if tp else 1, pp=1, ep=1, world_size=world,
                             spmd_backend="partial_dtensor")
@@ -246,9 +246,9 @@ def _never_worker(rank: int, world: int, port: int, results):
     try:
         from torchtitan.distributed.parallel_dims import ParallelDims
 
-        from torchtitan_neuron import platform
+        from torchtitan_neuron import devices
 
-        platform.install()
+        devices.install()
         dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1,
                             world_size=world, spmd_backend="partial_dtensor")
         dims.build_mesh()

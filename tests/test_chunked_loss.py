@@ -85,9 +85,9 @@ def _worker(rank: int, port: int, dtype: str, results) -> None:
     try:
         from torchtitan.distributed.parallel_dims import ParallelDims
 
-        from torchtitan_neuron import platform
+        from torchtitan_neuron import devices
 
-        platform.install()  # a CPU device mesh
+        devices.install()  # a CPU device mesh
         dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, ep=1,
                             world_size=2, spmd_backend="partial_dtensor")
         dims.build_mesh()

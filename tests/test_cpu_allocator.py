@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from torchtitan_neuron import cpu_allocator
-from torchtitan_neuron.cpu_allocator import (
+from torchtitan_neuron.devices import cpu_allocator
+from torchtitan_neuron.devices.cpu_allocator import (
     ALLOCATOR_ENV,
     JEMALLOC_CONF,
     find_jemalloc,
@@ -65,7 +65,7 @@ def test_asking_for_a_missing_or_unknown_allocator_says_how_to_fix_it(tmp_path):
 
 
 def _loaded_in_child(env: dict) -> str:
-    code = "from torchtitan_neuron import cpu_allocator; print(cpu_allocator.loaded())"
+    code = "from torchtitan_neuron.devices import cpu_allocator; print(cpu_allocator.loaded())"
     child = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
     out = subprocess.run([sys.executable, "-c", code], env={**child, **env},
                          capture_output=True, text=True, timeout=120, check=True)

@@ -356,10 +356,10 @@ def test_neuron_cores_are_counted_through_torch_accelerator(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
     monkeypatch.setattr(torch.accelerator, "device_count", lambda: 64)
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
-    assert platform.device_count("neuron") == 64
-    assert platform.device_count("cpu") is None
+    assert devices.device_count("neuron") == 64
+    assert devices.device_count("cpu") is None
 
 
 def test_multinode_endpoint_is_checked():

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from torchtitan_neuron.cpu_allocator import JEMALLOC_CONF, find_jemalloc
+from torchtitan_neuron.devices.cpu_allocator import JEMALLOC_CONF, find_jemalloc
 from runlog import run_command
 
 pytestmark = pytest.mark.e2e

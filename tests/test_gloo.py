@@ -33,7 +33,7 @@ def _one_rank(code: str, env: dict[str, str] | None = None) -> str:
     """Run ``code`` as a 1-rank job with the fix installed; its stdout."""
     script = textwrap.dedent("""
         import os, torch, torch.distributed as dist
-        from torchtitan_neuron import gloo
+        from torchtitan_neuron.devices import gloo
         from torch.distributed.distributed_c10d import Backend
         assert gloo.install() and gloo.install()
         assert Backend._plugins["GLOO"].creator_fn is gloo.create_process_group

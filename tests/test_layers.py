@@ -25,7 +25,7 @@ ROOT = "torchtitan_neuron"
 # needs nothing above it.
 FOUNDATIONS = (
     "activation_checkpoint", "checkpoint", "components", "config_utils", "data",
-    "gloo", "init", "memory", "platform",
+    "devices", "init", "memory",
 )
 ABOVE_FOUNDATIONS = ("experiments", "launch", "models", "plan", "preflight", "train", "trainer")
 # importer -> what it must not import
@@ -97,7 +97,7 @@ def test_the_import_parser_sees_each_form():
     # The layering check is only as good as the parser: check it on the forms
     # the package uses (relative, from-package-import-module, in a function).
     trainer = imports(PACKAGE / "trainer.py")
-    assert {"torchtitan_neuron.components.documents", "torchtitan_neuron.platform"} <= trainer
+    assert {"torchtitan_neuron.components.documents", "torchtitan_neuron.devices"} <= trainer
     registry = imports(PACKAGE / "models" / "llama3" / "config_registry.py")
     assert "torchtitan_neuron.models.llama3" in registry  # ``from . import model_registry``
     assert "torchtitan_neuron.trainer" in registry

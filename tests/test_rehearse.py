@@ -32,7 +32,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import LLAMA_MODULE, REPO
-from torchtitan_neuron import platform
+from torchtitan_neuron import devices
 from torchtitan_neuron.rehearse.checks import check_graph
 from torchtitan_neuron.rehearse.device import StandInNeuronModule
 from torchtitan_neuron.rehearse.report import COMPLEX_ENV, Report
@@ -224,7 +224,7 @@ def test_verdict_fails_on_each_blocking_finding_and_warns_on_the_rest():
 
 
 # ---------------------------------------------------------------------------
-# The neuron branch of platform.py with a stand-in torch.neuron
+# The neuron branch of torchtitan_neuron/devices/neuron.py with a stand-in torch.neuron
 
 
 @pytest.fixture
@@ -235,7 +235,7 @@ def stand_in_neuron(monkeypatch):
 
 
 def test_neuron_memory_is_read_after_synchronize(stand_in_neuron):
-    device_module = platform.NeuronDeviceModule()
+    device_module = devices.neuron.NeuronDeviceModule()
     device_module.reset_peak_memory_stats()
     assert device_module.memory_stats()["reserved_bytes.all.peak"] == 0
     assert stand_in_neuron.reads == [("reset_peak_memory_stats", True),
@@ -245,15 +245,15 @@ def test_neuron_memory_is_read_after_synchronize(stand_in_neuron):
 
 
 def test_neuroncores_are_counted_from_torch_neuron(stand_in_neuron):
-    assert platform.device_count("neuron") == 64
+    assert devices.device_count("neuron") == 64
 
 
 def test_each_rank_gets_its_own_neff_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "64")
-    monkeypatch.setenv(platform.NEFF_CACHE_ENV, str(tmp_path))
-    assert platform.per_rank_neff_cache() == str(tmp_path / "rank3-of-64")
-    assert os.environ[platform.NEFF_CACHE_ENV] == str(tmp_path / "rank3-of-64")
-    monkeypatch.delenv(platform.NEFF_CACHE_ENV)
-    assert platform.per_rank_neff_cache() == os.path.join(
-        platform.DEFAULT_NEFF_CACHE, "rank3-of-64")
+    monkeypatch.setenv(devices.NEFF_CACHE_ENV, str(tmp_path))
+    assert devices.per_rank_neff_cache() == str(tmp_path / "rank3-of-64")
+    assert os.environ[devices.NEFF_CACHE_ENV] == str(tmp_path / "rank3-of-64")
+    monkeypatch.delenv(devices.NEFF_CACHE_ENV)
+    assert devices.per_rank_neff_cache() == os.path.join(
+        devices.DEFAULT_NEFF_CACHE, "rank3-of-64")

@@ -23,7 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchtitan_neuron import known_warnings, run_report, twins
+from torchtitan_neuron import run_report, twins
+from torchtitan_neuron.devices import known_warnings
 
 
 class _Lines(logging.Handler):

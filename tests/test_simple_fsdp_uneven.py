@@ -45,12 +45,12 @@ def _worker(rank: int, world: int, port: int, results):
         from torchtitan.distributed.parallel_dims import ParallelDims
         from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
 
-        from torchtitan_neuron import platform
+        from torchtitan_neuron import devices
         from torchtitan_neuron.experiments.graph_trainer.parallelize import (
             replicate_unevenly_sharded,
         )
 
-        platform.install()  # a CPU device mesh
+        devices.install()  # a CPU device mesh
         dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=2, pp=1, ep=1,
                             world_size=world, spmd_backend="partial_dtensor")
         dims.build_mesh()

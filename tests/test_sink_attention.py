@@ -456,9 +456,9 @@ def _tp2_worker(rank: int, world: int, port: int, results):
         from torchtitan.distributed.parallel_dims import ParallelDims
         from torchtitan.models.gpt_oss.sharding import set_gpt_oss_sharding_config
 
-        from torchtitan_neuron import platform
+        from torchtitan_neuron import devices
 
-        platform.install()  # a CPU device mesh
+        devices.install()  # a CPU device mesh
         dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1,
                             world_size=world, spmd_backend="partial_dtensor")
         dims.build_mesh()

@@ -324,7 +324,7 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
     },
     "plan-traced-clip": {"torchtitan.distributed.utils:clip_grad_norm_": "274e17c85b325b73"},
-    # The neuron branch's device module (platform.py) and the rehearsal
+    # The neuron branch's device module (devices/neuron.py) and the rehearsal
     # (torchtitan_neuron/rehearse/).
     "neuron-device-module": {
         "torchtitan.tools.utils:get_device_info": "028417d78046c5ed",
@@ -365,7 +365,7 @@ PINNED: dict[str, dict[str, str]] = {
 def upstream_source(target: str) -> str:
     """The source of ``module:qualified.name`` as the installed file has it.
 
-    Read from the file, not the live attribute: platform.install() and the
+    Read from the file, not the live attribute: devices.install() and the
     trainer replace some of these attributes in this process.
     """
     module_name, qualname = target.split(":")
@@ -408,13 +408,13 @@ def test_upstream_source_is_the_pinned_one(row, target, pinned):
 
 def test_torch_cpu_still_lacks_what_the_cpu_device_module_adds():
     """Row `cpu-device-module`."""
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
-    grown = [n for n in platform.ADDED_TO_TORCH_CPU if hasattr(torch.cpu, n)]
+    grown = [n for n in devices.cpu.ADDED_TO_TORCH_CPU if hasattr(torch.cpu, n)]
     assert not grown, (
         f"torch.cpu now has {grown}: take them from torch.cpu (TORCH_CPU_DELEGATES) "
         "and revisit row `cpu-device-module` of docs/upstream-workarounds.md")
-    gone = [n for n in platform.TORCH_CPU_DELEGATES if not hasattr(torch.cpu, n)]
+    gone = [n for n in devices.cpu.TORCH_CPU_DELEGATES if not hasattr(torch.cpu, n)]
     assert not gone, f"torch.cpu lost {gone}: revisit row `cpu-device-module`"
     assert torch.cpu.current_device() == "cpu", (
         "torch.cpu.current_device() no longer returns 'cpu': revisit row "
@@ -423,7 +423,7 @@ def test_torch_cpu_still_lacks_what_the_cpu_device_module_adds():
 
 def test_inductor_copies_of_dram_bandwidth_are_the_ones_patched():
     """Row `dram-bandwidth`: the modules that import get_gpu_dram_gbps by
-    name are exactly those platform.install() rebinds."""
+    name are exactly those devices.install() rebinds."""
     patched = {"torch._inductor.utils", "torch._inductor.scheduler",
                "torch.utils._runtime_estimation"}
     root = Path(torch.__file__).parent
@@ -524,7 +524,7 @@ def test_torchs_gloo_group_still_runs_two_worker_threads():
     from torch.distributed.distributed_c10d import (
         _create_gloo_process_group, _DistributedBackendOptions)
 
-    from torchtitan_neuron.gloo import create_process_group
+    from torchtitan_neuron.devices.gloo import create_process_group
 
     opts = _DistributedBackendOptions()
     opts.store, opts.group_rank, opts.group_size = dist.HashStore(), 0, 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from torchtitan_neuron import platform, twins
+from torchtitan_neuron import devices, twins
 
 GIB = 1024**3
 # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq in fp32.
@@ -38,7 +38,7 @@ def check_host_memory(config, ngpu: int, module: str | None, recipe: str | None,
     """The refusal message when ``ngpu`` CPU ranks cannot hold the recipe's
     sharded state, else None."""
     per_rank, params, shards = sharded_state_bytes(config, ngpu)
-    host = host_bytes or platform.host_memory_bytes()
+    host = host_bytes or devices.host_memory_bytes()
     if per_rank <= host / ngpu:
         return None
     twin = twins.cpu_twin(module or "", recipe or "")

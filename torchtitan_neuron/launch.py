@@ -21,7 +21,7 @@ sees:
   loads torchrun, and no rank starts unless they pass; a failing check's
   message and exit code are the launch's.
 - CPU ranks run on jemalloc when the host has it, keeping freed memory for
-  the next step (``torchtitan_neuron.cpu_allocator``).
+  the next step (``torchtitan_neuron.devices.cpu_allocator``).
 - Several nodes: when the nodes do not all join torchrun's c10d rendezvous
   within ``join_timeout``, or the rendezvous endpoint cannot be reached, it
   says which, with the endpoint and what to check, and exits 1.
@@ -211,8 +211,8 @@ def _choose_cpu_allocator() -> None:
     """On a CPU host, the ranks' allocator (``cpu_allocator.rank_environment``)
     goes into the environment torchrun starts them with; ValueError names a
     bad ``TORCHTITAN_NEURON_CPU_ALLOCATOR``."""
-    from torchtitan_neuron import cpu_allocator
-    from torchtitan_neuron.platform import detect
+    from torchtitan_neuron.devices import cpu_allocator
+    from torchtitan_neuron.devices import detect
 
     if detect().name == "cpu":
         os.environ.update(cpu_allocator.rank_environment())

@@ -427,7 +427,7 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
 
     from torchtitan.config import ConfigManager
 
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
     if nnodes > 1:
         check_endpoint(os.environ.get("RDZV_ENDPOINT", ""))
@@ -437,12 +437,12 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
         # One process simulates the NGPU ranks: no device per rank is needed.
         check_ngpu(ngpu, "cpu", None, cpu_cores=ngpu)
     else:
-        name = platform.detect().name
-        note = check_ngpu(ngpu, name, platform.device_count(name))
+        name = devices.detect().name
+        note = check_ngpu(ngpu, name, devices.device_count(name))
         if note:
             notes.append(note)
     check_layout(config, ngpu, nnodes)
-    if config.comm.mode not in SIMULATED_COMM_MODES and platform.detect().name == "cpu":
+    if config.comm.mode not in SIMULATED_COMM_MODES and devices.detect().name == "cpu":
         from torchtitan_neuron.host_fit import check_host_memory
 
         refusal = check_host_memory(config, ngpu, known.module, known.config)
@@ -518,9 +518,10 @@ def main(argv: list[str] | None = None) -> None:
     from torchtitan.tools.logging import init_logger, logger
 
     init_logger()
-    from torchtitan_neuron import known_warnings, platform
+    from torchtitan_neuron import devices
+    from torchtitan_neuron.devices import known_warnings
 
-    known_warnings.install(platform.detect().name)
+    known_warnings.install(devices.detect().name)
     try:
         notes = run_checks(argv, ngpu, nnodes)
     except PreflightError as exc:

@@ -30,10 +30,11 @@ def checked_config(opts: argparse.Namespace, overrides: list[str]):
     launcher's message) when the module, the name or the layout is wrong."""
     from torchtitan.config import ConfigManager
 
-    from torchtitan_neuron import known_warnings, platform
+    from torchtitan_neuron import devices
+    from torchtitan_neuron.devices import known_warnings
     from torchtitan_neuron.preflight import check_layout, check_recipe
 
-    known_warnings.install(platform.detect().name)
+    known_warnings.install(devices.detect().name)
     check_recipe(opts.module, opts.config)
     config = ConfigManager().parse_args(
         ["--module", opts.module, "--config", opts.config, *overrides])

@@ -132,10 +132,10 @@ def main() -> None:
     faulthandler.enable(all_threads=True)
     install_interrupt_handler()
 
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
     init_logger()  # so install()'s report is printed; torchtitan's main re-inits
-    platform.install()
+    devices.install()
 
     import torchtitan.train
 

@@ -37,7 +37,7 @@ from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron import platform, run_report
+from torchtitan_neuron import devices, run_report
 from torchtitan_neuron.activation_checkpoint import check_memory_policy
 from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB, require_positive_bound
 from torchtitan_neuron.checkpoint import make_saves_atomic
@@ -72,8 +72,28 @@ def neuron_compile_config() -> CompileConfig:
     return CompileConfig(
         enable=True,
         components=["model", "loss", GRAD_CLIP_COMPONENT],
-        backend=platform.NEURON_COMPILE_BACKEND,
+        backend=devices.NEURON_COMPILE_BACKEND,
     )
+
+
+@contextlib.contextmanager
+def grad_clip_override(clip_fn):
+    """Run torchtitan's train step with ``clip_fn`` as its gradient clipper.
+
+    ``Trainer.train_step`` calls ``torchtitan.distributed.utils.clip_grad_norm_``
+    inline; swapping that module attribute for the duration of one step is the
+    only way to compile it without copying ``train_step``. ``None`` leaves the
+    eager function in place.
+    """
+    if clip_fn is None:
+        yield
+        return
+    eager = dist_utils.clip_grad_norm_
+    dist_utils.clip_grad_norm_ = clip_fn
+    try:
+        yield
+    finally:
+        dist_utils.clip_grad_norm_ = eager
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,7 +155,7 @@ def require_jit_mode(compile_config) -> None:
 
 def resolve_compile_backend(compile_config: CompileConfig) -> None:
     """Replace a platform-bound backend (``neuron``) with the local compiler."""
-    plat = platform.current()
+    plat = devices.current()
     requested = compile_config.backend
     resolved = plat.resolve_compile_backend(requested)
     if resolved != requested:
@@ -159,7 +179,7 @@ def compile_grad_clip(backend: str):
 def _force_sum_reductions_on_gloo(model_parts) -> None:
     """FSDP2 reduce-scatters with PREMUL_SUM when torchtitan sets a gradient
     divide factor; gloo has no PREMUL_SUM. Sum, then scale, instead."""
-    if platform.current().has_premul_sum:
+    if devices.current().has_premul_sum:
         return
     from torch.distributed.fsdp import FSDPModule
 
@@ -228,10 +248,10 @@ class _NeuronTrainerMixin:
         self.step_hook = step_hook = step_hook or StepHook()
         if not step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
-        platform.install()
+        devices.install()
         resolve_compile_backend(config.compile)
         options = config.model
-        if options.reset_positions_per_document and platform.current().is_neuron:
+        if options.reset_positions_per_document and devices.current().is_neuron:
             raise ValueError(
                 "--model.reset_positions_per_document needs the rotary gather, "
                 "which Neuron does not support. Drop the flag on Neuron "
@@ -398,7 +418,7 @@ class _NeuronTrainerMixin:
         super().train()
         if self.step_hook.read_values and run_report.is_rank0():
             summary = run_report.summarize(self.config, self._run_record,
-                                           self._compile_progress, platform.current().name)
+                                           self._compile_progress, devices.current().name)
             run_report.write_summary(self.config, summary)
             logger.info(run_report.describe(summary))
 
@@ -407,14 +427,14 @@ class _NeuronTrainerMixin:
         if self._compile_progress is not None or not self.config.compile.enable \
                 or not self.step_hook.read_values:
             return contextlib.nullcontext()
-        neff = os.environ.get(platform.NEFF_CACHE_ENV) if platform.current().is_neuron \
+        neff = os.environ.get(devices.NEFF_CACHE_ENV) if devices.current().is_neuron \
             else None
         self._compile_progress = run_report.CompileProgress(
             self.config.compile.backend, os.environ.get("TORCHINDUCTOR_CACHE_DIR"), neff)
         return self._compile_progress
 
     def train_step(self, data_iterator):
-        with platform.grad_clip_override(self._clip_then_check), self._first_compile():
+        with grad_clip_override(self._clip_then_check), self._first_compile():
             if self._tracker is not None and self.step == self._measure_step:
                 self._measured_train_step(data_iterator)
             else:

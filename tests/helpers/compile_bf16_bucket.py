@@ -28,12 +28,12 @@ def _worker(rank: int, port: int, results) -> None:
         from torchtitan.distributed.parallel_dims import ParallelDims
         from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
 
-        from torchtitan_neuron import platform
+        from torchtitan_neuron import devices
         from torchtitan_neuron.bucketing import bucket_blocks
 
-        platform.install()  # a CPU device mesh
+        devices.install()  # a CPU device mesh
         # Each rank its own cache, as the launcher gives it.
-        platform.per_rank_compile_cache()
+        devices.per_rank_compile_cache()
         dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, ep=1,
                             world_size=2, spmd_backend="partial_dtensor")
         dims.build_mesh()

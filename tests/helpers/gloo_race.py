@@ -3,11 +3,11 @@
 Each iteration puts ``INFLIGHT`` functional all-gathers and as many
 all-reduces of 8 floats in flight on the default group, then waits for them,
 so that the group's two worker threads often finish collectives at the same
-moment: the race in ``ProcessGroupGloo::runLoop`` (torchtitan_neuron/gloo.py).
+moment: the race in ``ProcessGroupGloo::runLoop`` (torchtitan_neuron/devices/gloo.py).
 On glibc's malloc a rank then usually dies of SIGABRT ("malloc(): unaligned
 tcache chunk detected") within a few thousand iterations.
 
-``GLOO_RACE_FIX=1`` creates the group through ``torchtitan_neuron.gloo``
+``GLOO_RACE_FIX=1`` creates the group through ``torchtitan_neuron.devices.gloo``
 (one worker thread) instead of torch's default (two). ``ITERS`` (default
 3000) iterations; rank 0 prints ``done`` and the group's worker threads.
 
@@ -25,7 +25,7 @@ c10d = torch.ops._c10d_functional
 
 def main() -> None:
     if os.environ.get("GLOO_RACE_FIX") == "1":
-        from torchtitan_neuron import gloo
+        from torchtitan_neuron.devices import gloo
 
         gloo.install()
     dist.init_process_group("gloo")

@@ -32,7 +32,7 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.tools.logging import logger
 
-from torchtitan_neuron import platform
+from torchtitan_neuron import devices
 from torchtitan_neuron.config_utils import promote
 
 ExpertImplementation = Literal["auto", "grouped_mm", "loop"]
@@ -165,7 +165,7 @@ def resolve_implementation(
                 f"{sorted(_KERNELS)} or unset it to measure the fastest."
             )
         return pinned
-    if platform.current().is_neuron:
+    if devices.current().is_neuron:
         return "grouped_mm"
     return measure_fastest(dim, hidden_dim, num_experts)
 

@@ -3,7 +3,7 @@
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron import platform
+from torchtitan_neuron import devices
 from torchtitan_neuron.components.rope import use_prefix_cache_positions
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
@@ -30,5 +30,5 @@ def neuron_trainer_config(
         base.compile = neuron_compile_config()
     elif base.compile.enable:
         # Whatever upstream compiles (e.g. DeepSeek's loss), compile it for Neuron.
-        base.compile.backend = platform.NEURON_COMPILE_BACKEND
+        base.compile.backend = devices.NEURON_COMPILE_BACKEND
     return promote(base, NeuronTrainer.Config)

@@ -95,11 +95,11 @@ def _trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
 
 
 def _host_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
     from torchtitan_neuron.plan.backend import PlanBackend
     from torchtitan_neuron.plan.trace import build_trainer, fake_world, prepare_config, trace_step
 
-    platform.install()
+    devices.install()
     backend = PlanBackend()
     backend.marks_blocks = marks_blocks
     prepare_config(config, target, backend)
@@ -109,13 +109,13 @@ def _host_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = Fa
 
 
 def _neuron_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
     from torchtitan_neuron.plan.backend import PlanBackend
     from torchtitan_neuron.plan.trace import build_trainer, neuron_world, prepare_config, trace_step
     from torchtitan_neuron.rehearse.device import HostToFakeDevice
 
     with neuron_world(ngpu, target) as (_, _, fake_mode):
-        backend = PlanBackend(platform.NEURON_COMPILE_BACKEND)
+        backend = PlanBackend(devices.NEURON_COMPILE_BACKEND)
         backend.marks_blocks = marks_blocks
         prepare_config(config, target, backend, neuron=True)
         with HostToFakeDevice(fake_mode):

@@ -96,12 +96,12 @@ class Plan:
 def capacity_gib(target: str, ngpu: int) -> float:
     """Device memory per rank on ``target``: the table for Neuron, the
     device for CUDA, the host's memory shared by the ranks for CPU."""
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
     if target in TARGET_CAPACITY_GIB:
         return TARGET_CAPACITY_GIB[target]
     if target == "cuda":
-        total = platform.cuda_memory_bytes()
+        total = devices.cuda_memory_bytes()
         if total is None:
             raise SystemExit(
                 "--target cuda reads the capacity from the device, and no CUDA "
@@ -109,7 +109,7 @@ def capacity_gib(target: str, ngpu: int) -> float:
             )
         return total / GIB
     if target == "cpu":
-        return platform.host_memory_bytes() / GIB / ngpu
+        return devices.host_memory_bytes() / GIB / ngpu
     raise SystemExit(f"Unknown --target {target}: choose one of {', '.join(TARGETS)}.")
 
 

@@ -57,14 +57,14 @@ def neuron_world(ngpu: int, target: str):
     host data copied to ``neuron`` becomes fake inside."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
     from torchtitan_neuron.rehearse import device
 
     module = device.setup(target)
     env = {"WORLD_SIZE": str(ngpu), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(
         min(ngpu, device.HOST_CORES[target]))}
     with fake_world(ngpu), mock.patch.dict(os.environ, env):
-        installed = platform.install(platform.NEURON)
+        installed = devices.install(devices.NEURON)
         device.init_process_group(ngpu)
         yield installed, module, FakeTensorMode(allow_non_fake_inputs=True)
 

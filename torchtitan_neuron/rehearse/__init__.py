@@ -4,7 +4,7 @@
         [--target trn2|trn3] [--json] [torchtitan overrides...]
 
 It builds the recipe's own trainer for rank 0 of N on the neuron platform
-branch, as ``platform.install()`` sets it up on a Trainium host: device
+branch, as ``devices.install()`` sets it up on a Trainium host: device
 ``neuron``, process group ``neuron`` (fake: nothing is sent), compile backend
 ``neuron`` (a stand-in running AOTAutograd as TorchNeuron does), every tensor
 a FakeTensor. It traces the first two training steps and checks what would

@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from torchtitan.tools.logging import init_logger, logger
 
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
     from torchtitan_neuron.preflight import PreflightError, check_ngpu
     from torchtitan_neuron.rehearse.core import rehearse
 
     init_logger()
     try:
-        check_ngpu(opts.ngpu, platform.NEURON.name, platform.device_count(platform.NEURON.name))
+        check_ngpu(opts.ngpu, devices.NEURON.name, devices.device_count(devices.NEURON.name))
         config = checked_config(opts, overrides)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from torchtitan_neuron import platform
+from torchtitan_neuron import devices
 from torchtitan_neuron.plan.backend import recorded_outputs
 from torchtitan_neuron.rehearse.checks import GraphFacts, check_graph, user_frame
 
@@ -33,7 +33,7 @@ class StandInNeuronBackend:
         self.runs: dict[int, dict[str, int]] = {}
         self.eager = None  # the EagerOps mode, paused while a program "runs"
 
-    def register(self, name: str = platform.NEURON_COMPILE_BACKEND) -> None:
+    def register(self, name: str = devices.NEURON_COMPILE_BACKEND) -> None:
         torch._dynamo.register_backend(name=name, compiler_fn=self)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):

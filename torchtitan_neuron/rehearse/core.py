@@ -17,7 +17,7 @@ def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
     """Build ``config``'s trainer for rank 0 of ``ngpu`` on the neuron
     platform (``neuron_world``: the device is set up once per process), trace
     two steps, report."""
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
     from torchtitan_neuron.plan.trace import build_fake_trainer, neuron_world, traced_config
     from torchtitan_neuron.rehearse import device
     from torchtitan_neuron.rehearse.backend import StandInNeuronBackend
@@ -29,7 +29,7 @@ def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
     traced_config(config)
     # The same neuron branch ``plan --target trn2|trn3`` traces.
     with neuron_world(ngpu, target) as (installed, module, fake_mode):
-        backend.register(platform.NEURON_COMPILE_BACKEND)
+        backend.register(devices.NEURON_COMPILE_BACKEND)
         report.notes.update(_branch_notes(installed, module))
         try:
             with device.HostToFakeDevice(fake_mode):
@@ -49,15 +49,15 @@ def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
 
 
 def _branch_notes(installed, module) -> dict:
-    from torchtitan_neuron import platform
+    from torchtitan_neuron import devices
 
     import torchtitan.tools.utils as tt_utils
 
     return {
         "platform": f"{installed.name} (device {tt_utils.device_type}, process group "
                     f"{installed.dist_backend})",
-        "NeuronCores on this host": platform.device_count(platform.NEURON.name),
-        "NEFF cache": os.environ.get(platform.NEFF_CACHE_ENV),
+        "NeuronCores on this host": devices.device_count(devices.NEURON.name),
+        "NEFF cache": os.environ.get(devices.NEFF_CACHE_ENV),
         "inductor cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }
 

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # Device memory per logical core: the planner's figures.
 from torchtitan_neuron.plan.report import TARGET_CAPACITY_GIB as CORE_MEMORY_GIB
-from torchtitan_neuron.platform import NEURON
+from torchtitan_neuron.devices import NEURON
 
 DEVICE = NEURON.device_type
 # Logical NeuronCores (LNC=2) per host: a trn2.48xlarge has 16 Trainium2

@@ -7,7 +7,7 @@ import-time copy of torchtitan's device globals and nothing else is left
 pointing at CUDA; the CPU memory figure is a real, resettable measurement.
 
 Tier: fast.
-Run: .venv/bin/python -m pytest tests/test_platform.py -q
+Run: .venv/bin/python -m pytest tests/test_devices.py -q
 """
 
 import ast
@@ -19,11 +19,13 @@ import pytest
 import torch
 
 import torchtitan
-from torchtitan_neuron import platform
+from torchtitan_neuron import devices
+import torchtitan_neuron.devices.cpu  # noqa: F401  (devices.cpu below)
+import torchtitan_neuron.devices.torchtitan_globals  # noqa: F401
 
 
 def test_neuron_wins_when_torch_neuronx_is_present():
-    plat = platform.detect(
+    plat = devices.detect(
         module_available=lambda name: name == "torch_neuronx", cuda_available=lambda: True
     )
     assert (plat.name, plat.device_type, plat.dist_backend, plat.compile_backend) == (
@@ -33,11 +35,11 @@ def test_neuron_wins_when_torch_neuronx_is_present():
 
 
 def test_cuda_then_cpu():
-    cuda = platform.detect(module_available=lambda n: False, cuda_available=lambda: True)
+    cuda = devices.detect(module_available=lambda n: False, cuda_available=lambda: True)
     assert (cuda.device_type, cuda.dist_backend, cuda.compile_backend) == (
         "cuda", "nccl", "inductor"
     )
-    cpu = platform.detect(module_available=lambda n: False, cuda_available=lambda: False)
+    cpu = devices.detect(module_available=lambda n: False, cuda_available=lambda: False)
     assert (cpu.device_type, cpu.dist_backend) == ("cpu", "gloo")
     assert not cuda.is_neuron and not cpu.is_neuron
 
@@ -48,14 +50,14 @@ def test_detect_finds_a_real_stand_in_module(tmp_path, monkeypatch):
     (tmp_path / "torch_neuronx" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    assert platform.detect().name == "neuron"
+    assert devices.detect().name == "neuron"
 
 
 def test_neuron_backend_resolves_to_local_compiler():
-    cpu = platform.Platform("cpu", "cpu", "gloo", "inductor")
+    cpu = devices.Platform("cpu", "cpu", "gloo", "inductor")
     assert cpu.resolve_compile_backend("neuron") == "inductor"
     assert cpu.resolve_compile_backend("aot_eager") == "aot_eager"
-    neuron = platform.Platform("neuron", "neuron", "neuron", "neuron")
+    neuron = devices.Platform("neuron", "neuron", "neuron", "neuron")
     assert neuron.resolve_compile_backend("neuron") == "neuron"
 
 
@@ -79,32 +81,33 @@ def _import_time_device_copies() -> set[str]:
 
 
 def test_every_import_time_device_copy_is_known():
-    known = set(platform.DEVICE_GLOBAL_COPIES) | platform.UNPATCHED_DEVICE_COPIES
+    known = (set(devices.torchtitan_globals.DEVICE_GLOBAL_COPIES)
+             | devices.torchtitan_globals.UNPATCHED_DEVICE_COPIES)
     new = _import_time_device_copies() - known
     assert not new, f"torchtitan grew import-time device copies: {sorted(new)}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU adaptation only")
 def test_install_adapts_every_copy_and_is_idempotent():
-    plat = platform.install()
+    plat = devices.install()
     assert plat.name == "cpu"
-    for module_name, names in platform.DEVICE_GLOBAL_COPIES.items():
+    for module_name, names in devices.torchtitan_globals.DEVICE_GLOBAL_COPIES.items():
         module = importlib.import_module(module_name)
         for name in names:
             value = getattr(module, name)
-            expected = "cpu" if name == "device_type" else platform.CpuDeviceModule
+            expected = "cpu" if name == "device_type" else devices.cpu.CpuDeviceModule
             assert value == expected, f"{module_name}.{name} = {value!r}"
-    assert platform.install() is plat
+    assert devices.install() is plat
     import torchtitan.tools.utils as tt_utils
 
     assert tt_utils.get_local_device() == torch.device("cpu")
-    assert tt_utils.get_peak_flops(platform.CpuDeviceModule.get_device_name()) > 1e9
+    assert tt_utils.get_peak_flops(devices.cpu.CpuDeviceModule.get_device_name()) > 1e9
     # Inductor's overlap scheduling costs nodes by DRAM bandwidth: on CPU the
     # host's measured figure, where it asked Triton's GPU driver and raised.
     import torch.utils._runtime_estimation as runtime_estimation
 
     gbps = runtime_estimation.get_gpu_dram_gbps()
-    assert gbps == platform.host_dram_gbps() and 0.5 < gbps < 10_000
+    assert gbps == devices.cpu.host_dram_gbps() and 0.5 < gbps < 10_000
 
 
 def test_each_cpu_rank_gets_its_share_of_compile_workers(monkeypatch):
@@ -116,18 +119,18 @@ def test_each_cpu_rank_gets_its_share_of_compile_workers(monkeypatch):
     with inductor_config.patch(compile_threads=None):
         for ranks, workers in (("1", 8), ("2", 4), ("3", 2), ("16", 1)):
             monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
-            assert platform._share_compile_workers() == [
+            assert devices.cpu.share_compile_workers() == [
                 "torch._inductor.config.compile_threads"]
             assert inductor_config.compile_threads == workers, ranks
     # The user's own setting stands.
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "6")
     with inductor_config.patch(compile_threads=6):
-        assert platform._share_compile_workers() == []
+        assert devices.cpu.share_compile_workers() == []
         assert inductor_config.compile_threads == 6
 
 
 def test_cpu_memory_figure_is_measured_and_resettable():
-    dev = platform.CpuDeviceModule
+    dev = devices.cpu.CpuDeviceModule
     dev.reset_peak_memory_stats()
     before = dev.memory_stats()["reserved_bytes.all.peak"]
     block = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
@@ -140,27 +143,27 @@ def test_cpu_memory_figure_is_measured_and_resettable():
 
 
 def test_peak_flops_can_be_configured(monkeypatch):
-    monkeypatch.setenv(platform.CPU_PEAK_FLOPS_ENV, "1.5e11")
-    assert platform.cpu_peak_flops() == 1.5e11
-    monkeypatch.setenv(platform.CPU_PEAK_FLOPS_ENV, "fast")
-    with pytest.raises(ValueError, match=platform.CPU_PEAK_FLOPS_ENV):
-        platform.cpu_peak_flops()
+    monkeypatch.setenv(devices.cpu.CPU_PEAK_FLOPS_ENV, "1.5e11")
+    assert devices.cpu.cpu_peak_flops() == 1.5e11
+    monkeypatch.setenv(devices.cpu.CPU_PEAK_FLOPS_ENV, "fast")
+    with pytest.raises(ValueError, match=devices.cpu.CPU_PEAK_FLOPS_ENV):
+        devices.cpu.cpu_peak_flops()
 
 
 def test_each_rank_gets_its_own_compile_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    path = platform.per_rank_compile_cache()
+    path = devices.per_rank_compile_cache()
     assert path == str(tmp_path / "rank3-of-4")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
     monkeypatch.delenv("RANK")
-    assert platform.per_rank_compile_cache() is None
+    assert devices.per_rank_compile_cache() is None
 
 
 def test_cpu_device_module_is_torch_cpu_plus_what_it_lacks():
-    dev = platform.CpuDeviceModule
-    for name in platform.TORCH_CPU_DELEGATES:
+    dev = devices.cpu.CpuDeviceModule
+    for name in devices.cpu.TORCH_CPU_DELEGATES:
         assert getattr(dev, name) is getattr(torch.cpu, name), name
     assert dev.is_available() and dev.device_count() == 1
     dev.set_device(torch.device("cpu"))
