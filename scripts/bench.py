@@ -109,7 +109,7 @@ _STATE = re.compile(r"Per-rank sharded state: parameters ([\d.]+) MiB, gradients
 _BACKEND = re.compile(r"compile backend (\w+)")
 _AC = re.compile(r"Applied (\w+) activation checkpointing")
 # torchtitan logs the policy's class name; AttentionSavingSAC is the recipe's
-# SelectiveAC saving CPU attention (torchtitan_neuron.activation_checkpoint).
+# SelectiveAC saving CPU attention (torchtitan_neuron.experiments.graph_trainer.activation_checkpoint).
 _AC_NAMES = {"FullAC": "full", "SelectiveAC": "selective", "AttentionSavingSAC": "selective"}
 
 

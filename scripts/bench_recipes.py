@@ -17,7 +17,8 @@ from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
 from torchtitan_neuron.models.llama3.config_registry import (
     cpu_rehearsal_llama3_debugmodel,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer, NeuronTrainer
+from torchtitan_neuron.experiments.graph_trainer.trainer import NeuronGraphTrainer
+from torchtitan_neuron.trainer import NeuronTrainer
 
 MEDIUM = "bench_medium"
 

@@ -278,7 +278,7 @@ class _FusedInputs(TorchDispatchMode):
 
 
 def neuron_rehearsal():
-    from torchtitan_neuron.rehearse import device
+    from torchtitan_neuron.tracing import neuron_device as device
 
     device.setup("trn2")
     seq, heads, kv, dim = 8192, 64, 8, 64

@@ -25,7 +25,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torchtitan.config import ConfigManager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-from torchtitan_neuron.activation_checkpoint import (
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import (
     AttentionSavingSAC,
     apply_activation_checkpointing,
     check_memory_policy,

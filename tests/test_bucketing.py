@@ -97,8 +97,8 @@ def _build(dims, tp: bool, ac, bucket, odd_rows: int,
     )
     from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
 
-    from torchtitan_neuron.activation_checkpoint import reshard_after_forward
-    from torchtitan_neuron.bucketing import bucket_blocks
+    from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import reshard_after_forward
+    from torchtitan_neuron.experiments.graph_trainer.bucketing import bucket_blocks
 
     torch.manual_seed(0)
     model = Toy(odd_rows)
@@ -109,7 +109,7 @@ def _build(dims, tp: bool, ac, bucket, odd_rows: int,
     if ac == "selective":
         from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
-        from torchtitan_neuron.activation_checkpoint import apply_activation_checkpointing
+        from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import apply_activation_checkpointing
 
         apply_activation_checkpointing(model, SelectiveAC.Config(), "")
     elif ac:
@@ -233,7 +233,7 @@ def _check(results: dict):
 
 
 def bucket_mib_default():
-    from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB
+    from torchtitan_neuron.experiments.graph_trainer.bucketing import DEFAULT_BUCKET_MIB
 
     return DEFAULT_BUCKET_MIB
 

@@ -48,7 +48,7 @@ def _run(dims, kind: str, param_dtype: str):
     )
     from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
 
-    from torchtitan_neuron import chunked_loss
+    from torchtitan_neuron.experiments.graph_trainer import chunked_loss
 
     torch.manual_seed(0)
     training = SimpleNamespace(mixed_precision_param=param_dtype,

@@ -65,7 +65,7 @@ def test_equal_policies_share_one_picklable_context_fn():
     sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from compile_sac_block import Model
 
-    from torchtitan_neuron.activation_checkpoint import apply_activation_checkpointing
+    from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import apply_activation_checkpointing
 
     fns = []
     for _ in range(2):

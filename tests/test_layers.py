@@ -1,11 +1,13 @@
 """The package's layers: building blocks below the trainer, recipes above it.
 
 Proves, from the source alone (every import statement, including those inside
-functions): ``components/`` and the other foundation modules import no
-trainer, recipe, planner or entry point; ``trainer.py`` imports no recipe;
-the plain recipes in ``models/`` import no SimpleFSDP recipe; ``models/``
-holds only recipe modules; and no package code builds a path under the
-checkout's ``tests/`` (an installed wheel has none).
+functions): every top-level module and package has a layer (``LAYERS``) and
+a line in docs/architecture.md's source map; each imports only lower layers,
+so building blocks import no trainer, recipe, tool or entry point, the plain
+recipes no SimpleFSDP recipe, and the planner and the rehearsal not each
+other; no two modules import each other, however indirectly or lazily;
+``models/`` holds only recipe modules; and no package code builds a path
+under the checkout's ``tests/`` (an installed wheel has none).
 
 Tier: fast.
 
@@ -21,18 +23,28 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "torchtitan_neuron"
 ROOT = "torchtitan_neuron"
 
-# Modules that everything else builds on. A new one belongs here when it
-# needs nothing above it.
-FOUNDATIONS = (
-    "activation_checkpoint", "checkpoint", "components", "config_utils", "data",
-    "devices", "init", "memory",
-)
-ABOVE_FOUNDATIONS = ("experiments", "launch", "models", "plan", "preflight", "train", "trainer")
-# importer -> what it must not import
-FORBIDDEN = {
-    **{name: ABOVE_FOUNDATIONS for name in FOUNDATIONS},
-    "trainer": ("experiments", "models"),
-    "models": ("experiments",),
+# Every top-level module and package, by layer. An entry imports only entries
+# of lower layers, so nothing runs back up, and the two tools on layer 7 (the
+# planner and the rehearsal) stand on ``tracing`` without importing each
+# other. A new top-level file fails test_every_module_has_a_layer until it
+# is placed here and in docs/architecture.md's source map.
+LAYERS = {
+    # what everything builds on
+    "config_utils": 0, "devices": 0,
+    # building blocks
+    "checkpoint": 1, "components": 1, "data": 1, "hf": 1, "init": 1, "memory": 1,
+    "model_layout": 1, "twins": 1,
+    "host_fit": 2, "run_report": 2,
+    # the trainers and the checks before any rank
+    "preflight": 3, "trainer": 3,
+    # recipes: plain, then SimpleFSDP's jit path
+    "models": 4,
+    "experiments": 5,
+    # the tools: what both stand on, then each
+    "tracing": 6,
+    "plan": 7, "rehearse": 7,
+    # entry points
+    "launch": 8, "train": 8,
 }
 
 
@@ -81,16 +93,101 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def test_imports_never_run_back_up():
-    sources = _sources()
-    assert any(_layer(_module_name(p)) == "components" for p in sources)
+def _top_level_entries() -> set[str]:
+    return {_layer(_module_name(p)) for p in _sources()} - {""}
+
+
+def test_every_module_has_a_layer():
+    unplaced = _top_level_entries() - set(LAYERS)
+    assert not unplaced, (
+        f"top-level modules with no layer: {sorted(unplaced)}; place each in "
+        "LAYERS here and in docs/architecture.md's source map"
+    )
+    assert not set(LAYERS) - _top_level_entries(), "LAYERS names a module that is gone"
+
+
+def test_imports_never_run_back_up_or_sideways():
     bad = []
-    for path in sources:
-        forbidden = FORBIDDEN.get(_layer(_module_name(path)), ())
+    for path in _sources():
+        importer = _layer(_module_name(path))
+        if not importer:
+            continue
         for module in sorted(imports(path)):
-            if _layer(module) in forbidden:
-                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {module}")
-    assert not bad, "imports that run back up a layer:\n" + "\n".join(bad)
+            imported = _layer(module)
+            if imported and imported != importer and LAYERS[imported] >= LAYERS[importer]:
+                way = "sideways" if LAYERS[imported] == LAYERS[importer] else "back up"
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {module} ({way}: "
+                           f"layer {LAYERS[importer]} -> {LAYERS[imported]})")
+    assert not bad, "imports that run back up or sideways:\n" + "\n".join(bad)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, lazy imports included; a
+    module that imports ``a.b.c`` also runs ``a`` and ``a.b``."""
+    modules = {_module_name(p): p for p in _sources()}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for module in imports(path):
+            parts = module.split(".")
+            for k in range(2, len(parts) + 1):
+                target = ".".join(parts[:k])
+                if target in modules and target != name and not name.startswith(target + "."):
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    cycles = _cycles(_import_graph())
+    assert not cycles, "modules that import each other, lazily or not: " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_source_map_names_every_top_level_module():
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = text[text.index("## Source layout"):]
+    block = block[block.index("```"):]
+    block = block[: block.index("```", 3)]
+    missing = [entry for entry in sorted(_top_level_entries())
+               if not re.search(rf"(^|[\s,]){entry}(/|\.py)", block)]
+    assert not missing, f"docs/architecture.md's source map leaves out {missing}"
 
 
 def test_the_import_parser_sees_each_form():

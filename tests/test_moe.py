@@ -97,7 +97,7 @@ def test_auto_expert_kernel_is_measured_once_per_compile_cache(tmp_path, monkeyp
     measured, so it traces the same graph and reuses the compiled step."""
     import json
 
-    from torchtitan_neuron.components import experts
+    from torchtitan_neuron.components import expert_kernels as experts
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     stored = tmp_path / experts.CHOICES_FILE

@@ -179,7 +179,7 @@ def test_scratchpad_mode_follows_the_runtime_environment(monkeypatch):
     """Contiguous scratchpad is the runtime's default at LNC=2; it is paged
     with NEURON_RT_CONTIGUOUS_SCRATCHPAD=0 or at LNC=1 (AWS's
     neuron-runtime/explore/device-memory page)."""
-    from torchtitan_neuron.plan.neuron import scratchpad_mode
+    from torchtitan_neuron.devices.neuron import scratchpad_mode
 
     for name in ("NEURON_RT_CONTIGUOUS_SCRATCHPAD", "NEURON_LOGICAL_NC_CONFIG"):
         monkeypatch.delenv(name, raising=False)
@@ -220,7 +220,7 @@ def test_runtime_terms_of_each_scratchpad_mode(monkeypatch):
 def test_random_tokens_need_no_tokenizer_and_resume_from_their_count():
     import torch
 
-    from torchtitan_neuron.random_tokens import RandomTokens, VocabularySize
+    from torchtitan_neuron.tracing.random_tokens import RandomTokens, VocabularySize
 
     tokenizer = VocabularySize.Config(vocab_size=100).build(tokenizer_path="")
     assert tokenizer.get_vocab_size() == 100

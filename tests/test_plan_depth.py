@@ -33,7 +33,7 @@ from torchtitan_neuron.plan import depth
 
 
 def _config(module: str, name: str):
-    from torchtitan_neuron.tool_cli import checked_config
+    from torchtitan_neuron.tracing.cli import checked_config
 
     opts = argparse.Namespace(module=module, config=name, ngpu=64, target="trn2", json=True)
     return checked_config(opts, [])

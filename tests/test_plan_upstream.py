@@ -1,7 +1,7 @@
 """The planner's patches and overrides of torch and torchtitan still fit upstream.
 
 Proves: every upstream function the planner patches
-(``torchtitan_neuron.plan.patches.PATCHED``) has its source pinned in
+(``torchtitan_neuron.tracing.patches.PATCHED``) has its source pinned in
 tests/test_upstream_drift.py (docs/upstream-workarounds.md, section
 "Memory planner"); torchtitan's selective-AC save list still lacks the CPU
 attention kernel and holds the CUDA and Neuron ones (what ``AttentionSavingSAC``
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from test_upstream_drift import PINNED
-from torchtitan_neuron.plan.patches import PATCHED
+from torchtitan_neuron.tracing.patches import PATCHED
 
 
 def test_every_patch_is_pinned():
@@ -32,7 +32,7 @@ def test_every_patch_is_pinned():
 def test_selective_ac_saves_device_attention_but_not_cpu_attention():
     from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
-    from torchtitan_neuron.activation_checkpoint import AttentionSavingSAC
+    from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import AttentionSavingSAC
 
     aten = torch.ops.aten
     upstream = SelectiveAC(SelectiveAC.Config()).get_save_ops()
@@ -52,7 +52,7 @@ def _partitioned_ops(fast: bool) -> list[list[str]]:
         create_selective_checkpoint_contexts
 
     from torchtitan_neuron.plan.backend import PlanBackend
-    from torchtitan_neuron.plan.patches import fast_tracing
+    from torchtitan_neuron.tracing.patches import fast_tracing
 
     graphs = []
 

@@ -1,7 +1,7 @@
 """``--compile.prefetch`` (on by default): the FX pass that issues each
 block's gather while the block before it computes, and waits on each
 gradient reduce-scatter only when the next one is issued
-(torchtitan_neuron/prefetch.py).
+(torchtitan_neuron/experiments/graph_trainer/prefetch.py).
 
 Proves:
 
@@ -29,7 +29,7 @@ import pytest
 import torch
 import torch.fx
 
-from torchtitan_neuron.prefetch import (
+from torchtitan_neuron.experiments.graph_trainer.prefetch import (
     ALL_GATHER,
     REDUCE_SCATTER,
     WAIT,

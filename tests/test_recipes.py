@@ -27,7 +27,8 @@ from torchtitan.trainer import Trainer
 from torchtitan_neuron.components.experts import LocalExperts
 from torchtitan_neuron.components.moe import register_load_balancing_hook
 from torchtitan_neuron.config_utils import promote
-from torchtitan_neuron.trainer import NeuronGraphTrainer, NeuronTrainer
+from torchtitan_neuron.experiments.graph_trainer.trainer import NeuronGraphTrainer
+from torchtitan_neuron.trainer import NeuronTrainer
 
 GRAPH_LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
 PLAIN_LLAMA = "torchtitan_neuron.models.llama3"
@@ -150,8 +151,8 @@ def test_bucketing_flags(capsys):
     assert "--compile.bucket_mib 0 is not a bucket size" in err, err
     # The default bound is the Neuron runtime's default scratchpad page, and a
     # direct caller of bucket_blocks() gets the same refusal as the flag.
-    from torchtitan_neuron.bucketing import bucket_blocks
-    from torchtitan_neuron.plan.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
+    from torchtitan_neuron.experiments.graph_trainer.bucketing import bucket_blocks
+    from torchtitan_neuron.devices.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
     assert config.compile.bucket_mib == NEURON_DEFAULT_SCRATCHPAD_PAGE_MB == 512
     with pytest.raises(ValueError, match="--compile.bucket_mib -1 is not a bucket size"):
         bucket_blocks(torch.nn.Module(), torch.bfloat16, torch.float32, bucket_mib=-1)
@@ -272,6 +273,7 @@ def test_every_recipe_builds_the_config_it_built_before():
     # A recipe that changes on purpose is saved again with
     #   .venv/bin/python scripts/dump_configs.py --write tests/assets/recipe_configs.json.xz
     # and its diff read before committing.
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -281,6 +283,7 @@ def test_every_recipe_builds_the_config_it_built_before():
         [sys.executable, "scripts/dump_configs.py", "--check",
          "tests/assets/recipe_configs.json.xz"],
         cwd=repo, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(repo)),  # this checkout's package
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "0 differences" in result.stdout
@@ -301,6 +304,6 @@ def test_the_config_dump_names_the_field_that_changed():
     ]
     # A class that only moved module differs, unless module paths are ignored.
     moved = {"@type": "torchtitan_neuron.elsewhere.NeuronCompileConfig"}
-    kept = {"@type": "torchtitan_neuron.trainer.NeuronCompileConfig"}
+    kept = {"@type": "torchtitan_neuron.experiments.graph_trainer.trainer.NeuronCompileConfig"}
     assert differences(kept, moved) and not differences(_strip_modules(kept),
                                                         _strip_modules(moved))

@@ -34,7 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from conftest import LLAMA_MODULE, REPO
 from torchtitan_neuron import devices
 from torchtitan_neuron.rehearse.checks import check_graph
-from torchtitan_neuron.rehearse.device import StandInNeuronModule
+from torchtitan_neuron.tracing.neuron_device import StandInNeuronModule
 from torchtitan_neuron.rehearse.report import COMPLEX_ENV, Report
 
 DEEPSEEK_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"

@@ -5,6 +5,8 @@ CPU run's summary offers to plan for trn2."""
 
 from __future__ import annotations
 
+from torchtitan_neuron.devices.neuron import HOST_CORES
+
 LLAMA = "torchtitan_neuron.experiments.graph_trainer.llama3"
 DEEPSEEK = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 PLAIN_LLAMA = "torchtitan_neuron.models.llama3"
@@ -35,7 +37,7 @@ TWINS: dict[tuple[str, str], tuple[str, int]] = {
     (PLAIN_GPT_OSS, "gpt_oss_20b_neuron_tp2_fsdp32"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
     (PLAIN_GPT_OSS, "gpt_oss_120b_neuron_tp8"): ("gpt_oss_debugmodel_neuron_tp2_fsdp2", 4),
 }
-TRAINIUM_RANKS = 64  # a trn2.48xlarge's NeuronCores at LNC=2
+TRAINIUM_RANKS = HOST_CORES["trn2"]  # a trn2.48xlarge's NeuronCores at LNC=2
 
 
 def cpu_twin(module: str, recipe: str) -> tuple[str, int] | None:

@@ -29,7 +29,7 @@ def _worker(rank: int, port: int, results) -> None:
         from torchtitan.experiments.graph_trainer.common_utils import apply_simple_fsdp
 
         from torchtitan_neuron import devices
-        from torchtitan_neuron.bucketing import bucket_blocks
+        from torchtitan_neuron.experiments.graph_trainer.bucketing import bucket_blocks
 
         devices.install()  # a CPU device mesh
         # Each rank its own cache, as the launcher gives it.

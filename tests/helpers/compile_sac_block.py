@@ -10,7 +10,7 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
-from torchtitan_neuron.activation_checkpoint import apply_activation_checkpointing
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import apply_activation_checkpointing
 
 
 class Block(nn.Module):

@@ -12,14 +12,14 @@ from torchtitan_neuron import trainer as neuron_trainer
 
 def main() -> None:
     rank, step = int(os.environ["CRASH_RANK"]), int(os.environ["CRASH_AT_STEP"])
-    train_step = neuron_trainer._NeuronTrainerMixin.train_step
+    train_step = neuron_trainer.NeuronTrainerMixin.train_step
 
     def crashing(self, data_iterator):
         if self.step == step and int(os.environ["RANK"]) == rank:
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         return train_step(self, data_iterator)
 
-    neuron_trainer._NeuronTrainerMixin.train_step = crashing
+    neuron_trainer.NeuronTrainerMixin.train_step = crashing
     from torchtitan_neuron.train import main as train_main
 
     train_main()

@@ -13,7 +13,7 @@ from torchtitan_neuron import trainer as neuron_trainer
 
 def main() -> None:
     bad_step = int(os.environ["NAN_AT_STEP"])
-    original_init = neuron_trainer._NeuronTrainerMixin.__init__
+    original_init = neuron_trainer.NeuronTrainerMixin.__init__
 
     def init(self, config):
         original_init(self, config)
@@ -27,7 +27,7 @@ def main() -> None:
 
         self.loss_fn = poisoned
 
-    neuron_trainer._NeuronTrainerMixin.__init__ = init
+    neuron_trainer.NeuronTrainerMixin.__init__ = init
     from torchtitan_neuron.train import main as train_main
 
     train_main()

@@ -28,8 +28,8 @@ from torchtitan.distributed.spmd_types import spmd_mesh_size
 from torchtitan.distributed.utils import get_spmd_backend
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts, ScaleBiasForward, swiglu
 
-from .experts import (
-    _KERNELS,
+from torchtitan_neuron.components.expert_kernels import (
+    KERNELS,
     ExpertImplementation,
     grouped_mm,
     per_expert_loop,
@@ -88,7 +88,7 @@ class GptOssLocalExperts(GptOssGroupedExperts):
         self.implementation = resolve_implementation(
             config.implementation, config.dim, 2 * config.hidden_dim, config.num_experts
         )
-        self._kernel = _KERNELS[self.implementation]
+        self._kernel = KERNELS[self.implementation]
 
     def _grouped_mm(
         self, *, A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor

@@ -16,7 +16,7 @@ import sys
 
 import torchtitan_neuron.plan as package
 from torchtitan_neuron.plan.report import TARGETS
-from torchtitan_neuron.tool_cli import checked_config, recipe_parser
+from torchtitan_neuron.tracing.cli import checked_config, recipe_parser
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:

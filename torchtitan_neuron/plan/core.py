@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from torchtitan_neuron.activation_checkpoint import ac_name
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import ac_name
 from torchtitan_neuron.memory import StorageTracker
-from torchtitan_neuron.plan.neuron import (
-    NEURON_TARGETS, SCRATCHPAD_MODES, paged_page_bytes, scratchpad_mode, step_terms,
-)
+from torchtitan_neuron.devices.neuron import paged_page_bytes, scratchpad_mode
+from torchtitan_neuron.plan.neuron import NEURON_TARGETS, SCRATCHPAD_MODES, step_terms
 from torchtitan_neuron.plan.report import GIB, Plan, capacity_gib, largest_rows
 
 CATEGORIES = ("gathered_parameters", "saved_activations", "logits_and_loss", "temporaries")
@@ -97,7 +96,8 @@ def _trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
 def _host_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
     from torchtitan_neuron import devices
     from torchtitan_neuron.plan.backend import PlanBackend
-    from torchtitan_neuron.plan.trace import build_trainer, fake_world, prepare_config, trace_step
+    from torchtitan_neuron.plan.trace import build_trainer, prepare_config, trace_step
+    from torchtitan_neuron.tracing.world import fake_world
 
     devices.install()
     backend = PlanBackend()
@@ -111,8 +111,9 @@ def _host_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = Fa
 def _neuron_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = False):
     from torchtitan_neuron import devices
     from torchtitan_neuron.plan.backend import PlanBackend
-    from torchtitan_neuron.plan.trace import build_trainer, neuron_world, prepare_config, trace_step
-    from torchtitan_neuron.rehearse.device import HostToFakeDevice
+    from torchtitan_neuron.plan.trace import build_trainer, prepare_config, trace_step
+    from torchtitan_neuron.tracing.world import neuron_world
+    from torchtitan_neuron.tracing.neuron_device import HostToFakeDevice
 
     with neuron_world(ngpu, target) as (_, _, fake_mode):
         backend = PlanBackend(devices.NEURON_COMPILE_BACKEND)

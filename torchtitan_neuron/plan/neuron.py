@@ -1,6 +1,6 @@
-"""The Neuron runtime's device memory, as AWS documents it
+"""The Neuron runtime's device memory in a plan, as AWS documents it
 (neuron-runtime/explore/device-memory, the aws-neuron-sdk page of
-2026-08-21).
+2026-08-21; the figures are in ``torchtitan_neuron.devices.neuron``).
 
 Each compiled graph is a NEFF whose inputs and outputs are device tensors,
 all allocated while it runs; its intermediates live in scratchpad. A NEFF's
@@ -24,35 +24,16 @@ compiler lays out scratchpad variables.
 
 from __future__ import annotations
 
-import os
-
+from torchtitan_neuron.devices.neuron import (
+    CONTIGUOUS_PAGE_BYTES,
+    NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE,
+    logical_core_size,
+    paged_page_bytes,
+)
 from torchtitan_neuron.plan.report import GIB
 
 NEURON_TARGETS = ("trn2", "trn3")
 SCRATCHPAD_MODES = ("contiguous", "paged")
-NEURON_MICROCODE_BYTES_PER_PHYSICAL_CORE = 96 * 2**20
-CONTIGUOUS_PAGE_BYTES = 64 * 2**20
-NEURON_DEFAULT_SCRATCHPAD_PAGE_MB = 512
-
-
-def logical_core_size() -> int:
-    """Physical NeuronCores per rank: ``NEURON_LOGICAL_NC_CONFIG``, 2 by default."""
-    return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-
-
-def scratchpad_mode() -> tuple[str, str]:
-    """(mode, why): the scratchpad allocation the runtime would use, read
-    from the environment variables the runtime reads."""
-    if os.environ.get("NEURON_RT_CONTIGUOUS_SCRATCHPAD") == "0":
-        return "paged", "NEURON_RT_CONTIGUOUS_SCRATCHPAD=0"
-    if logical_core_size() == 1:
-        return "paged", "LNC=1 has no contiguous scratchpad"
-    return "contiguous", "the default at LNC=2 from Neuron Runtime 2.33 with Driver 2.24"
-
-
-def paged_page_bytes() -> int:
-    return int(os.environ.get("NEURON_SCRATCHPAD_PAGE_SIZE",
-                              NEURON_DEFAULT_SCRATCHPAD_PAGE_MB)) * 2**20
 
 
 def runtime_terms(tracker, mode: str) -> dict[str, int]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torchtitan_neuron.devices.neuron import CORE_MEMORY_GIB
+
 GIB = 1024**3
 
-# Device memory per rank, the figure a verdict is measured against. One rank
-# is one logical NeuronCore at the default LNC=2 (two physical cores):
-#   trn2: 96 GiB per chip / 4 logical cores = 24 GiB (the tutorial's figure);
-#   trn3: 144 GiB per chip / 4 logical cores = 36 GiB.
-TARGET_CAPACITY_GIB = {"trn2": 24.0, "trn3": 36.0}
+# Device memory per rank on each Trainium target, the figure a verdict is
+# measured against.
+TARGET_CAPACITY_GIB = CORE_MEMORY_GIB
 TARGETS = ("trn2", "trn3", "cuda", "cpu")
 
 

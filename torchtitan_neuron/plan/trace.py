@@ -2,7 +2,7 @@
 
 The trainer is the recipe's own, built for rank 0 of N on torchtitan's fake
 process group (``comm.mode fake_backend``) or, for a Neuron target, on the
-neuron branch the rehearsal traces (``neuron_world``); its model is
+neuron branch the rehearsal traces (``tracing.world.neuron_world``); its model is
 materialized as FakeTensors, its data is random tokens of its vocabulary,
 and the plan backend compiles its graphs. Step 1 compiles and creates the gradients and
 optimizer state; step 2 is the one measured.
@@ -10,27 +10,11 @@ optimizer state; step 2 is the one measured.
 
 from __future__ import annotations
 
-import contextlib
-import os
-from unittest import mock
-
-from torchtitan_neuron.activation_checkpoint import save_attention
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import save_attention
 from torchtitan_neuron.memory import StorageTracker, instrument, state_bytes
 from torchtitan_neuron.plan.backend import PlanBackend
-from torchtitan_neuron.plan.patches import fake_model_state, fast_tracing
-
-
-def traced_config(config) -> None:
-    """Settings every traced (not trained) step needs, the planner's and the
-    rehearsal's: no checkpoint, no seeded init (FakeTensors hold no values),
-    no metric writers, random tokens of the recipe's vocabulary."""
-    from torchtitan_neuron.random_tokens import use_random_tokens
-
-    config.checkpoint.enable = False
-    config.debug.seed = None
-    config.metrics.enable_tensorboard = False
-    config.metrics.enable_wandb = False
-    use_random_tokens(config)
+from torchtitan_neuron.tracing.patches import fast_tracing
+from torchtitan_neuron.tracing.world import build_fake_trainer, traced_config
 
 
 def prepare_config(config, target: str, backend: PlanBackend, neuron: bool = False) -> None:
@@ -48,40 +32,6 @@ def prepare_config(config, target: str, backend: PlanBackend, neuron: bool = Fal
         config.activation_checkpoint = save_attention(config.activation_checkpoint)
 
 
-@contextlib.contextmanager
-def neuron_world(ngpu: int, target: str):
-    """Rank 0 of ``ngpu`` on the neuron branch, as the rehearsal runs it:
-    the stand-in ``neuron`` device (``rehearse.device.setup``, once per
-    process), the platform installed as on a trn2 host, the ``neuron``
-    process group. Yields (installed platform, device module, fake mode);
-    host data copied to ``neuron`` becomes fake inside."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from torchtitan_neuron import devices
-    from torchtitan_neuron.rehearse import device
-
-    module = device.setup(target)
-    env = {"WORLD_SIZE": str(ngpu), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(
-        min(ngpu, device.HOST_CORES[target]))}
-    with fake_world(ngpu), mock.patch.dict(os.environ, env):
-        installed = devices.install(devices.NEURON)
-        device.init_process_group(ngpu)
-        yield installed, module, FakeTensorMode(allow_non_fake_inputs=True)
-
-
-@contextlib.contextmanager
-def fake_world(ngpu: int):
-    """The environment torchtitan's fake backend reads (NGPU, RANK), and
-    MoE layers on grouped_mm, the kernel Neuron compiles (FakeTensors have
-    no token counts for the per-expert loop to split on)."""
-    from torchtitan_neuron.components.experts import EXPERT_KERNEL_ENV
-
-    env = {"NGPU": str(ngpu), "RANK": os.environ.get("RANK", "0"),
-           EXPERT_KERNEL_ENV: os.environ.get(EXPERT_KERNEL_ENV, "grouped_mm")}
-    with mock.patch.dict(os.environ, env):
-        yield
-
-
 def build_trainer(config, backend: PlanBackend, fake_mode=None):
     """The recipe's trainer with a fake model; its step reads no values."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -94,13 +44,6 @@ def build_trainer(config, backend: PlanBackend, fake_mode=None):
         read_values=False)
     return build_fake_trainer(config, hook,
                               fake_mode or FakeTensorMode(allow_non_fake_inputs=True))
-
-
-def build_fake_trainer(config, hook, fake_mode):
-    """The recipe's trainer, its model materialized as FakeTensors of
-    ``fake_mode``, built with ``hook`` (``StepHook``)."""
-    with fake_model_state(fake_mode):
-        return config.build(step_hook=hook)
 
 
 def trace_step(trainer, backend: PlanBackend, tracker: StorageTracker) -> dict[str, int]:

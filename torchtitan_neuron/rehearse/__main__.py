@@ -10,7 +10,7 @@ import os
 import sys
 
 import torchtitan_neuron.rehearse as package
-from torchtitan_neuron.tool_cli import checked_config, recipe_parser
+from torchtitan_neuron.tracing.cli import checked_config, recipe_parser
 
 TARGETS = ("trn2", "trn3")
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     # The device comes first, as on a Trainium host where TorchNeuron is
     # loaded with torch: torchtitan's import-time device detection then
     # finds ``neuron``.
-    from torchtitan_neuron.rehearse import device
+    from torchtitan_neuron.tracing import neuron_device as device
 
     device.setup(opts.target)
 

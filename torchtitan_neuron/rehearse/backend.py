@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 
 from torchtitan_neuron import devices
-from torchtitan_neuron.plan.backend import recorded_outputs
-from torchtitan_neuron.rehearse.checks import GraphFacts, check_graph, user_frame
+from torchtitan_neuron.tracing.ops import recorded_outputs
+from torchtitan_neuron.rehearse.checks import GraphFacts, check_graph
+from torchtitan_neuron.tracing.ops import user_frame
 
 
 class StandInNeuronBackend:

@@ -7,7 +7,6 @@ as AOTAutograd leaves it; nothing runs.
 
 from __future__ import annotations
 
-import re
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchtitan_neuron.tracing.ops import op_name, user_frame
 
 # Ops that read a device value back to the host while the graph runs: a
 # compiled program would stop and wait on them (and their output shapes or
@@ -44,21 +45,6 @@ NOT_COLLECTIVES = frozenset({"wait_tensor", "barrier", "monitored_barrier",
 ALLOWED_HOST_TENSORS = ("0-dim cpu tensor (a scalar)",
                         "philox seed/offset of the fused SDPA op")
 _FOREIGN = ("cpu", "cuda")
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-
-
-def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
-    """The innermost user frame in a node's stack trace."""
-    found = _FRAME.findall(node.meta.get("stack_trace") or "")
-    return (found[-1][0], int(found[-1][1])) if found else None
-
-
-def op_name(target) -> str:
-    """``aten.mm`` for ``aten.mm.default``: the overload packet's name."""
-    name = str(getattr(target, "_overloadpacket", target))
-    return name
-
-
 def _values(node: torch.fx.Node) -> list:
     val = node.meta.get("val")
     return list(val) if isinstance(val, (tuple, list)) else [val]

@@ -18,8 +18,8 @@ def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
     platform (``neuron_world``: the device is set up once per process), trace
     two steps, report."""
     from torchtitan_neuron import devices
-    from torchtitan_neuron.plan.trace import build_fake_trainer, neuron_world, traced_config
-    from torchtitan_neuron.rehearse import device
+    from torchtitan_neuron.tracing.world import build_fake_trainer, neuron_world, traced_config
+    from torchtitan_neuron.tracing import neuron_device as device
     from torchtitan_neuron.rehearse.backend import StandInNeuronBackend
     from torchtitan_neuron.trainer import StepHook
 
@@ -85,7 +85,7 @@ def _run_steps(trainer, backend, fake_mode, report: Report) -> None:
     it is copied to ``neuron``); an error ends the trace and is reported (a
     Dynamo graph break with its user frame)."""
     from torchtitan_neuron.rehearse.checks import EagerOps
-    from torchtitan_neuron.rehearse.device import HostToFakeDevice
+    from torchtitan_neuron.tracing.neuron_device import HostToFakeDevice
 
     accumulation = trainer.gradient_accumulation_steps
     loader = trainer.dataloader

@@ -16,14 +16,14 @@ from torchtitan.experiments.graph_trainer.configs import to_graph_trainer_config
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
-from torchtitan_neuron.chunked_loss import SimpleFSDPChunkedLoss
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.data import layout_invariant
-from torchtitan_neuron.trainer import (
+from torchtitan_neuron.experiments.graph_trainer.chunked_loss import SimpleFSDPChunkedLoss
+from torchtitan_neuron.experiments.graph_trainer.trainer import (
     NeuronCompileConfig,
     NeuronGraphTrainer,
-    neuron_compile_config,
 )
+from torchtitan_neuron.trainer import neuron_compile_config
 
 
 def neuron_simple_fsdp(

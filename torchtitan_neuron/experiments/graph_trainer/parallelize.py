@@ -32,14 +32,14 @@ from torchtitan.experiments.graph_trainer.simple_fsdp import (
 )
 from torchtitan.tools.logging import logger
 
-from torchtitan_neuron import chunked_loss
-from torchtitan_neuron.activation_checkpoint import (
+from torchtitan_neuron.experiments.graph_trainer import chunked_loss
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import (
     apply_activation_checkpointing,
     reshard_after_forward,
 )
-from torchtitan_neuron.bucketing import DEFAULT_BUCKET_MIB, bucket_blocks
+from torchtitan_neuron.experiments.graph_trainer.bucketing import DEFAULT_BUCKET_MIB, bucket_blocks
 from torchtitan_neuron.model_layout import divisors
-from torchtitan_neuron.prefetch import enable_prefetch
+from torchtitan_neuron.experiments.graph_trainer.prefetch import enable_prefetch
 
 
 def parallelize_simple_fsdp(

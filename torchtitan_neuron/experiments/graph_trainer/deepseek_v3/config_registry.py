@@ -15,7 +15,7 @@ from torchtitan_neuron.models.deepseek_v3.config_registry import (
     deepseek_v3_16b_neuron_tp4_fsdp16,
     deepseek_v3_debugmodel_neuron_tp2_fsdp2,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer
+from torchtitan_neuron.experiments.graph_trainer.trainer import NeuronGraphTrainer
 
 from . import model_registry
 

@@ -17,7 +17,7 @@ from torchtitan_neuron.models.gpt_oss.config_registry import (
     gpt_oss_120b_neuron_tp8,
     gpt_oss_debugmodel_neuron_tp2_fsdp2,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer
+from torchtitan_neuron.experiments.graph_trainer.trainer import NeuronGraphTrainer
 
 from . import model_registry
 

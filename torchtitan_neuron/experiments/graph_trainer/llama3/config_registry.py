@@ -19,7 +19,7 @@ from torchtitan_neuron.experiments.graph_trainer.configs import neuron_simple_fs
 from torchtitan_neuron.models.llama3.config_registry import (
     cpu_rehearsal_llama3_debugmodel,
 )
-from torchtitan_neuron.trainer import NeuronGraphTrainer
+from torchtitan_neuron.experiments.graph_trainer.trainer import NeuronGraphTrainer
 
 from . import model_registry
 

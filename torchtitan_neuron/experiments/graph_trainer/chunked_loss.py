@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.experiments.graph_trainer import simple_fsdp
 from torchtitan.experiments.graph_trainer.chunked_loss import ChunkedLossWrapperWithParamGrads
 
-from torchtitan_neuron.bucketing import _BUCKET, _gather, _groups, override_getters
+from torchtitan_neuron.experiments.graph_trainer.bucketing import GATHERED_ATTR, fsdp_groups, gather_shards, override_getters
 
 _ONCE = "_torchtitan_neuron_gather_once"
 
@@ -43,7 +43,7 @@ def mark(lm_head: nn.Module | None, param_dtype, reduce_dtype) -> int:
     then gathers per chunk as upstream does)."""
     if lm_head is None:
         return 0
-    entries = [(g, e) for g, es in _groups(lm_head).items() for e in es]
+    entries = [(g, e) for g, es in fsdp_groups(lm_head).items() for e in es]
     if not entries:
         return 0
     lm_head.__dict__[_ONCE] = (entries, param_dtype, reduce_dtype)
@@ -65,7 +65,7 @@ class _Once:
         for i, (group_name, e) in enumerate(self.entries):
             shard = e.module._parameters[e.name].to_local()
             with torch.no_grad():
-                (full,) = _gather(group_name, self.param_dtype, None,
+                (full,) = gather_shards(group_name, self.param_dtype, None,
                                   ((e.rows, e.pad_rows, e.shape),), shard)
             leaf = full.detach().requires_grad_()
             self.leaves.append(leaf)
@@ -73,7 +73,7 @@ class _Once:
             self.hooks.append(
                 leaf.register_post_accumulate_grad_hook(lambda t, i=i: self._add(i, t)))
             view = leaf if e.tp is None else DTensor.from_local(leaf, e.tp[0], e.tp[1])
-            e.module.__dict__.setdefault(_BUCKET, {})[e.name] = view
+            e.module.__dict__.setdefault(GATHERED_ATTR, {})[e.name] = view
         return self
 
     def _add(self, i: int, leaf: torch.Tensor) -> None:
@@ -113,7 +113,7 @@ class _Once:
             hook.remove()
         self.hooks, self.leaves, self.sums = [], [], []
         for _, e in self.entries:
-            e.module.__dict__.get(_BUCKET, {}).pop(e.name, None)
+            e.module.__dict__.get(GATHERED_ATTR, {}).pop(e.name, None)
 
 
 class SimpleFSDPChunkedLoss(ChunkedLossWrapperWithParamGrads):

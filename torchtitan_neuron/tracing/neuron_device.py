@@ -21,15 +21,10 @@ from types import SimpleNamespace
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Device memory per logical core: the planner's figures.
-from torchtitan_neuron.plan.report import TARGET_CAPACITY_GIB as CORE_MEMORY_GIB
 from torchtitan_neuron.devices import NEURON
+from torchtitan_neuron.devices.neuron import CORE_MEMORY_GIB, HOST_CORES
 
 DEVICE = NEURON.device_type
-# Logical NeuronCores (LNC=2) per host: a trn2.48xlarge has 16 Trainium2
-# chips of 8 physical cores (the tutorial's 64 ranks). AWS's pages cited here
-# give trn3's chip (8 physical cores) but no instance size: 16 chips assumed.
-HOST_CORES = {"trn2": 64, "trn3": 64}
 
 
 class StandInStream:

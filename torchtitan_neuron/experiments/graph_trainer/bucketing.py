@@ -53,14 +53,16 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import checkpoint
 from torchtitan.experiments.graph_trainer import simple_fsdp
 
-from torchtitan_neuron.activation_checkpoint import is_simple_fsdp_module
-from torchtitan_neuron.plan.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import is_simple_fsdp_module
+from torchtitan_neuron.devices.neuron import NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
 
 # The default bound: above one paged-scratchpad page, a tensor is allocated
-# on its own (plan/neuron.py).
+# on its own (devices/neuron.py).
 DEFAULT_BUCKET_MIB = NEURON_DEFAULT_SCRATCHPAD_PAGE_MB
 
-_BUCKET = "_torchtitan_neuron_bucket"
+# The attribute of a module (in its __dict__) that holds its parameters as
+# gathered for the current step, where the overridden getters find them.
+GATHERED_ATTR = "_torchtitan_neuron_bucket"
 # The mesh dims upstream's apply_simple_fsdp shards over (common_utils.py).
 FSDP_DIMS = ("fsdp", "efsdp")
 
@@ -156,7 +158,7 @@ def _entry(module: nn.Module, name: str, param: DTensor, fsdp_size: int) -> _Ent
                   fsdp_size * pad_rows * math.prod(shape[1:]))
 
 
-def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
+def fsdp_groups(block: nn.Module) -> dict[str, list[_Entry]]:
     """The block's FSDP-sharded parameters, by FSDP process group name."""
     groups: dict[str, list[_Entry]] = {}
     for module in block.modules():
@@ -173,7 +175,7 @@ def _groups(block: nn.Module) -> dict[str, list[_Entry]]:
     return groups
 
 
-def _gather(group_name, param_dtype, reduce_dtype, layout, *shards):
+def gather_shards(group_name, param_dtype, reduce_dtype, layout, *shards):
     """The full parameters of one bucket from this rank's shards."""
     padded = []
     for t, (rows, pad_rows, shape) in zip(shards, layout):
@@ -239,7 +241,7 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype,
     blocks = params = count = 0
     for block in model.layers.values():
         groups = [] if bucket_mib is None else [
-            (g, chunk) for g, es in _groups(block).items() if len(es) >= 2
+            (g, chunk) for g, es in fsdp_groups(block).items() if len(es) >= 2
             for chunk in _split(es, limit)]
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         singles = [] if reshard_after_forward or inner is block else _singles(inner, groups)
@@ -288,25 +290,26 @@ def _install(block: nn.Module, groups: list[tuple[str, list[_Entry]]],
         for group_name, entries, layout in plan:
             shards = [e.module._parameters[e.name].to_local() for e in entries]
             if reshard_after_forward:
-                full = checkpoint(_gather, group_name, param_dtype, reduce_dtype, layout,
-                                  *shards, use_reentrant=False, preserve_rng_state=False)
+                full = checkpoint(gather_shards, group_name, param_dtype, reduce_dtype,
+                                  layout, *shards, use_reentrant=False,
+                                  preserve_rng_state=False)
             else:
-                full = _gather(group_name, param_dtype, reduce_dtype, layout, *shards)
+                full = gather_shards(group_name, param_dtype, reduce_dtype, layout, *shards)
             for e, t in zip(entries, full):
                 if e.tp is not None:
                     t = DTensor.from_local(t, e.tp[0], e.tp[1])
-                e.module.__dict__.setdefault(_BUCKET, {})[e.name] = t
+                e.module.__dict__.setdefault(GATHERED_ATTR, {})[e.name] = t
                 routed.append((e.module, e.name))
         for module, name in singles:
             # Its own getter (SimpleFSDP's gather, kept: reshard_after_forward
             # marked the module), called here, before the AC region.
-            module.__dict__.setdefault(_BUCKET, {})[name] = getattr(module, name)
+            module.__dict__.setdefault(GATHERED_ATTR, {})[name] = getattr(module, name)
             routed.append((module, name))
         try:
             return forward(*args, **kwargs)
         finally:
             for module, name in routed:
-                module.__dict__[_BUCKET].pop(name, None)
+                module.__dict__[GATHERED_ATTR].pop(name, None)
 
     block.forward = bucketed_forward
     for cls in {type(e.module) for _, es in groups for e in es} | {type(m) for m, _ in singles}:
@@ -319,7 +322,7 @@ def override_getters(cls: type) -> int:
     getter underneath otherwise. Idempotent; returns the getters changed."""
     changed = 0
     for name, attr in list(vars(cls).items()):
-        if isinstance(attr, property) and not getattr(attr.fget, _BUCKET, False):
+        if isinstance(attr, property) and not getattr(attr.fget, GATHERED_ATTR, False):
             setattr(cls, name, property(_bucket_first(name, attr.fget)))
             changed += 1
     return changed
@@ -327,10 +330,10 @@ def override_getters(cls: type) -> int:
 
 def _bucket_first(name, fget):
     def getter(module):
-        bucket = module.__dict__.get(_BUCKET)
+        bucket = module.__dict__.get(GATHERED_ATTR)
         if bucket and name in bucket:
             return bucket[name]
         return fget(module)
 
-    setattr(getter, _BUCKET, True)
+    setattr(getter, GATHERED_ATTR, True)
     return getter
