@@ -1,77 +1,11 @@
 #!/usr/bin/env python3
-"""A Hugging Face folder against this project's model, on the same batch.
+"""A Hugging Face folder against this project's model, on the same batch:
+``python -m torchtitan_neuron.hf check`` from a checkout, with the same
+arguments (``--help`` lists them)."""
 
-Opens ``--hf`` with ``transformers.AutoModelForCausalLM.from_pretrained`` in
-fp32 and computes its next-token loss from the logits (the labels are the
-inputs shifted by one, as the recipe's data loader gives them) on the first
-``--batch-size`` sequences of the recipe's dataset. With ``--checkpoint``
-(a DCP ``step-N`` folder or a safetensors export) it also loads those
-weights into the recipe's own model and compares, on the same batch:
-
-    transformers_loss=<x> project_loss=<y> rel=<|x-y|/|y|> argmax_agree=<n>/<tokens>
-
-    python scripts/hf_check.py --module torchtitan_neuron.experiments.graph_trainer.llama3 \\
-        --config simple_fsdp_llama3_debugmodel --hf outputs/checkpoint/step-10 \\
-        --checkpoint outputs/checkpoint/step-10 --batch-size 4 [trainer flags...]
-
-``--batch-size`` equal to a run's global batch size gives that run's first
-batch (the loss its step 1 prints, before any update). Needs
-``pip install -e '.[hf]'``.
-"""
-
-from __future__ import annotations
-
-import os
 import sys
-from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from checkpoint_loss import batches, build_model, load_weights, recipe_parser  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = recipe_parser(__doc__)
-    parser.add_argument("--hf", required=True, type=Path, help="a Hugging Face model folder")
-    parser.add_argument("--checkpoint", type=Path, help="this project's weights to compare")
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--zero-expert-bias", action="store_true",
-                        help="zero the MoE expert-selection bias of the project's model "
-                             "after loading (transformers' DeepSeek-V2 and GPT-OSS have "
-                             "none): compares every other tensor")
-    opts, trainer_args = parser.parse_known_args(argv)
-
-    from transformers import AutoModelForCausalLM
-
-    config, model, adapter = build_model(opts.module, opts.config, trainer_args)
-    reference = AutoModelForCausalLM.from_pretrained(str(opts.hf), dtype=torch.float32).eval()
-    if opts.checkpoint:
-        load_weights(model, opts.checkpoint, adapter)
-        if opts.zero_expert_bias:
-            with torch.no_grad():
-                for name, buffer in model.named_buffers():
-                    if name.endswith("expert_bias_E"):
-                        buffer.zero_()
-    inputs, labels = next(batches(config, opts.batch_size, 1))
-    tokens = inputs["input"]
-    with torch.no_grad():
-        theirs = reference(input_ids=tokens).logits.float()
-        line = f"transformers_loss={F.cross_entropy(theirs.flatten(0, 1), labels.flatten()).item():.8f}"
-        if opts.checkpoint:
-            ours = model(tokens).float()
-            a = F.cross_entropy(theirs.flatten(0, 1), labels.flatten()).item()
-            b = F.cross_entropy(ours.flatten(0, 1), labels.flatten()).item()
-            agree = int((theirs.argmax(-1) == ours.argmax(-1)).sum())
-            line += (f" project_loss={b:.8f} rel={abs(a - b) / abs(b):.3e} "
-                     f"argmax_agree={agree}/{tokens.numel()} "
-                     f"max_logit_diff={(theirs - ours).abs().max().item():.3e}")
-    print(line, flush=True)
-    return 0
-
+from torchtitan_neuron.hf.__main__ import main
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    sys.exit(main(["check", *sys.argv[1:]]))

@@ -211,7 +211,7 @@ def test_gpt_oss_layouts_that_fit_the_model_pass():
 
 def test_missing_tokenizer_is_named_with_the_fix(tmp_path):
     msg = _message(preflight.check_tokenizer, _config(f"--hf_assets_path={tmp_path / 'gone'}"))
-    assert "no such folder" in msg and "scripts/download_hf_assets.py" in msg
+    assert "no such folder" in msg and "python -m torchtitan_neuron.hf download" in msg
     msg = _message(preflight.check_tokenizer, _config(f"--hf_assets_path={tmp_path}"))
     assert "has no tokenizer.json" in msg
 

@@ -262,3 +262,33 @@ def test_tests_path_check_catches_path_building(tmp_path, source, hits):
     module = tmp_path / "m.py"
     module.write_text(source)
     assert len(_paths_under_tests(module, root=tmp_path)) == hits
+
+
+def _docstrings(tree) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _scripts_named(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docs = _docstrings(tree)
+    return [f"{path.relative_to(root)}:{node.lineno}: {node.value[:80]!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs and re.search(r"(^|[\s`'\"])scripts/", node.value)]
+
+
+def test_no_package_message_names_a_file_the_wheel_does_not_ship():
+    # scripts/ stays in the checkout; a message sends the user to a command
+    # the package ships (python -m torchtitan_neuron.hf ..., .plan, ...).
+    found = [hit for path in _sources() for hit in _scripts_named(path)]
+    assert not found, "package messages naming scripts/:\n" + "\n".join(found)
+
+
+def test_the_scripts_check_sees_a_message_not_a_docstring(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""Run scripts/x.py."""\nraise SystemExit("use scripts/x.py")\n')
+    assert len(_scripts_named(module, root=tmp_path)) == 1

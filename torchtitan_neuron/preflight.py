@@ -287,7 +287,7 @@ def check_tokenizer(config) -> None:
     if not path:
         return
     folder = Path(path)
-    download = ("python scripts/download_hf_assets.py --repo_id <org/model> "
+    download = ("python -m torchtitan_neuron.hf download --repo_id <org/model> "
                 "--assets tokenizer (gated repositories also need --hf_token "
                 "or HF_TOKEN)")
     if not folder.is_dir():
