@@ -58,7 +58,7 @@ from torchtitan_neuron.components.sink_attention import (
     use_sdpa_sink_attention,
     use_sdpa_sink_model,
 )
-from torchtitan_neuron.memory import StorageTracker
+from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_sink_attention as t  # noqa: E402  (the tests' references)

@@ -7,7 +7,7 @@ Run: .venv/bin/python -m pytest tests/test_init.py -q
 import torch
 
 from torchtitan_neuron.experiments.graph_trainer.llama3 import model_registry
-from torchtitan_neuron.init import canonical_name, layout_invariant_init, parameter_seed
+from torchtitan_neuron.seeded_init import canonical_name, layout_invariant_init, parameter_seed
 
 
 def _build(seed):

@@ -149,7 +149,7 @@ def test_compiled_program_splits_device_tensors_from_scratchpad():
     and an intermediate larger than a page is a private allocation."""
     import torch
 
-    from torchtitan_neuron.memory import StorageTracker
+    from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker
     from torchtitan_neuron.plan.backend import PlanBackend
 
     mib = 2**20

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from conftest import LLAMA_MODULE, REPO
-from torchtitan_neuron.memory import block_class
+from torchtitan_neuron.memory_accounting.storage_tracker import block_class
 from torchtitan_neuron.plan import backend as plan_backend
 from torchtitan_neuron.plan import depth
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchtitan_neuron import run_report, twins
+from torchtitan_neuron import cpu_twins, run_report
 from torchtitan_neuron.devices import known_warnings
 
 
@@ -98,7 +98,7 @@ def test_summary_is_built_from_the_logged_metrics(monkeypatch, tmp_path):
             [(8.0, 40.0, 30, 1.0), (7.5, 1.0, 1000, 1.2), (7.0, 3.0, 900, 1.1)], 1):
         record.log(_metrics(loss, sec, tps, gib), step)
     assert received == [1, 2, 3]
-    monkeypatch.setattr(sys, "argv", ["train", "--module", twins.LLAMA,
+    monkeypatch.setattr(sys, "argv", ["train", "--module", cpu_twins.LLAMA,
                                       "--config", "simple_fsdp_llama3_debugmodel_fullac"])
     config = SimpleNamespace(
         dump_folder=str(tmp_path), checkpoint=SimpleNamespace(enable=True, folder="checkpoint"),
@@ -167,12 +167,12 @@ def test_known_warnings_are_hidden_on_their_platforms_only(monkeypatch):
         list(known_warnings.KNOWN), "cpu")
 
 
-@pytest.mark.parametrize("key", list(twins.TWINS), ids=lambda k: k[1])
+@pytest.mark.parametrize("key", list(cpu_twins.TWINS), ids=lambda k: k[1])
 def test_every_trainium_recipe_has_a_cpu_twin_that_exists(key):
     import importlib
 
     module, big = key
-    twin, ranks = twins.TWINS[key]
+    twin, ranks = cpu_twins.TWINS[key]
     registry = importlib.import_module(f"{module}.config_registry")
     assert callable(getattr(registry, big)) and callable(getattr(registry, twin))
     assert ranks in (2, 4)

@@ -443,7 +443,7 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
             notes.append(note)
     check_layout(config, ngpu, nnodes)
     if config.comm.mode not in SIMULATED_COMM_MODES and devices.detect().name == "cpu":
-        from torchtitan_neuron.host_fit import check_host_memory
+        from torchtitan_neuron.host_memory_check import check_host_memory
 
         refusal = check_host_memory(config, ngpu, known.module, known.config)
         if refusal:

@@ -17,7 +17,7 @@ from pathlib import Path
 from torchtitan.components.metrics import BaseLogger
 from torchtitan.tools.logging import logger
 
-from torchtitan_neuron import twins
+from torchtitan_neuron import cpu_twins
 
 HEARTBEAT_ENV = "TORCHTITAN_NEURON_HEARTBEAT_S"
 HEARTBEAT_S = 30.0
@@ -167,9 +167,9 @@ def summarize(config, record: RunRecord, compile_progress: CompileProgress | Non
                             if config.debug.enable_structured_logging else None),
         "steps": rows,
     }
-    counterpart = twins.trainium_counterpart(module or "", recipe or "")
+    counterpart = cpu_twins.trainium_counterpart(module or "", recipe or "")
     if platform_name == "cpu" and counterpart:
-        summary["trn2_plan_command"] = twins.plan_command(module, counterpart)
+        summary["trn2_plan_command"] = cpu_twins.plan_command(module, counterpart)
     return summary
 
 

@@ -8,7 +8,7 @@ recipes' ``NeuronGraphTrainer`` is in
 - ``grad_clip`` in ``--compile.components`` compiles gradient-norm clipping
   (torchtitan 0.3.0 always runs it eagerly).
 - With ``--debug.seed`` the initial weights do not depend on the layout
-  (``torchtitan_neuron.init``).
+  (``torchtitan_neuron.seeded_init``).
 - A non-finite loss or gradient norm stops the run on the step where it
   appears, before the optimizer applies that step's update.
 - The step line says how many gradient-accumulation steps make the batch.
@@ -39,13 +39,9 @@ from torchtitan_neuron import devices, run_report
 from torchtitan_neuron.checkpoint import make_saves_atomic
 from torchtitan_neuron.hf import install_export
 from torchtitan_neuron.config_utils import promote
-from torchtitan_neuron.init import layout_invariant_init
-from torchtitan_neuron.memory import (
-    StorageTracker,
-    instrument,
-    sharded_state_bytes,
-    state_bytes,
-)
+from torchtitan_neuron.seeded_init import layout_invariant_init
+from torchtitan_neuron.memory_accounting.sharded_state import sharded_state_bytes, state_bytes
+from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker, instrument
 from torchtitan_neuron.components.documents import (
     ModelOptions,
     apply_model_options,

@@ -68,7 +68,7 @@ KNOWN = (
           "may not have complete support on cpu device mesh",
           "warnings", "torch/distributed/tensor/_random.py", ("cpu",),
           "no recipe draws DTensor random numbers inside a step (no dropout); the "
-          "initial weights come from torchtitan_neuron.init, per parameter",
+          "initial weights come from torchtitan_neuron.seeded_init, per parameter",
           ("DTensor random operators may not have complete support on {device_mesh.",
            "DTensor manual_seed() may not have complete support ")),
     Known("cuda-graph-notice",

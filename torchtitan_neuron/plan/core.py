@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import ac_name
-from torchtitan_neuron.memory import StorageTracker
+from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker
 from torchtitan_neuron.devices.neuron import paged_page_bytes, scratchpad_mode
 from torchtitan_neuron.plan.neuron import NEURON_TARGETS, SCRATCHPAD_MODES, step_terms
 from torchtitan_neuron.plan.report import GIB, Plan, capacity_gib, largest_rows

@@ -9,7 +9,7 @@ and extrapolates to the recipe's depth.
 
 Why that is exact: each trace records the peak of every segment of the
 step, a compiled program's run (or the eager ops after it) and within it the
-ops of one block, told by its place (``memory.block_class``). The bytes
+ops of one block, told by its place (``memory_accounting.storage_tracker.block_class``). The bytes
 alive in a segment are its own pattern plus what the other blocks hold (the
 saved activations of the blocks before it, the gradients of those after
 it, the sharded state), which is affine in the depth; so each segment's

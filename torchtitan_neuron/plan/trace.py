@@ -11,7 +11,8 @@ optimizer state; step 2 is the one measured.
 from __future__ import annotations
 
 from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import save_attention
-from torchtitan_neuron.memory import StorageTracker, instrument, state_bytes
+from torchtitan_neuron.memory_accounting.sharded_state import state_bytes
+from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker, instrument
 from torchtitan_neuron.plan.backend import PlanBackend
 from torchtitan_neuron.tracing.patches import fast_tracing
 from torchtitan_neuron.tracing.world import build_fake_trainer, traced_config

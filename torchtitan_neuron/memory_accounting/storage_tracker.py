@@ -1,68 +1,19 @@
-"""Per-rank memory accounting for sharded training state.
-
-SimpleFSDP keeps each parameter as a DTensor sharded over the data-parallel
-mesh; its gradient and optimizer state follow the same sharding. What a rank
-really holds is the local shards, which this module sums. These are measured
-sizes of live tensors, not estimates.
+"""Tensor lifetimes over a training step: one tracker for the planner (on
+FakeTensors) and for measuring a real run (on real tensors,
+``TORCHTITAN_NEURON_MEASURE_MEMORY_STEP``).
 """
+
+from __future__ import annotations
 
 import contextlib
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
-def _local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-    return local.numel() * local.element_size()
-
-
-@dataclass(frozen=True)
-class ShardedStateBytes:
-    params: int
-    grads: int
-    optimizer: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer
-
-    def describe(self) -> str:
-        mib = 2**20
-        return (
-            f"parameters {self.params / mib:.2f} MiB, gradients {self.grads / mib:.2f} MiB, "
-            f"optimizer state {self.optimizer / mib:.2f} MiB"
-        )
-
-
-def sharded_state_bytes(model_parts, optimizers) -> ShardedStateBytes:
-    """Bytes of this rank's parameter, gradient and optimizer-state shards."""
-    params = [p for m in model_parts for p in m.parameters()]
-    state_bytes = 0
-    for optimizer in getattr(optimizers, "optimizers", [optimizers]):
-        for state in optimizer.state.values():
-            state_bytes += sum(
-                _local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor)
-            )
-    return ShardedStateBytes(
-        params=sum(_local_bytes(p) for p in params),
-        grads=sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-        optimizer=state_bytes,
-    )
-
-
-# ---------------------------------------------------------------------------
-# Tensor lifetimes over a training step: one tracker for the planner (on
-# FakeTensors) and for measuring a real run (on real tensors).
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
+from torchtitan_neuron.memory_accounting.sharded_state import local_shard
 
 _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 
@@ -70,7 +21,7 @@ _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 def _storage_key(t: torch.Tensor) -> int | None:
     """The identity of the storage behind ``t`` (its local shard's)."""
     try:
-        return id(_local(t).untyped_storage())
+        return id(local_shard(t).untyped_storage())
     except (RuntimeError, NotImplementedError):
         return None
 
@@ -190,7 +141,7 @@ class StorageTracker(TorchDispatchMode):
             self._tensor_keys.add(new)
         if self._program is not None and old in self._program["local"]:
             self._program["local"][new] = self._program["local"].pop(old)
-        weakref.finalize(_local(out).untyped_storage(), self._free, new)
+        weakref.finalize(local_shard(out).untyped_storage(), self._free, new)
 
     def _add_tensor(self, key: int, size: int, category: str) -> None:
         self._tensor_keys.add(key)
@@ -280,7 +231,7 @@ class StorageTracker(TorchDispatchMode):
                 self.large_vars[program_id] = large_vars
 
     def _track(self, t: torch.Tensor, category: str, inputs: set = frozenset()) -> None:
-        t = _local(t)
+        t = local_shard(t)
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -371,37 +322,6 @@ def block_class(index: int, head: int, layers: int, period: int = 1) -> str:
     named = {0: "first", 1: "second", units - 1: "last", units - 2: "penult"}
     name = named.get(unit, "mid")
     return name if period == 1 else f"{name}.{place}"
-
-
-def state_bytes(trainer) -> dict[str, int]:
-    """Bytes of the parameters, gradients, optimizer state and buffers, each
-    storage counted once: gradients can be views of one flat buffer (a
-    bucket's reduce-scatter output, FSDP2's), which holds them all."""
-    seen: set = set()
-
-    def nbytes(t: torch.Tensor) -> int:
-        storage = _local(t).untyped_storage()
-        if storage._cdata in seen:
-            return 0
-        seen.add(storage._cdata)
-        return storage.nbytes()
-
-    params = grads = buffers = 0
-    for part in trainer.model_parts:
-        for p in part.parameters():
-            params += nbytes(p)
-            if p.grad is not None:
-                grads += nbytes(p.grad)
-        for b in part.buffers():
-            buffers += nbytes(b)
-    opt = 0
-    for optimizer in trainer.optimizers.optimizers:
-        for state in optimizer.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    opt += nbytes(v)
-    return {"sharded_parameters": params, "gradients": grads,
-            "optimizer_state": opt, "buffers": buffers}
 
 
 def instrument(trainer, tracker: "StorageTracker") -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from torchtitan_neuron import devices, twins
+from torchtitan_neuron import cpu_twins, devices
 
 GIB = 1024**3
 # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq in fp32.
@@ -41,10 +41,10 @@ def check_host_memory(config, ngpu: int, module: str | None, recipe: str | None,
     host = host_bytes or devices.host_memory_bytes()
     if per_rank <= host / ngpu:
         return None
-    twin = twins.cpu_twin(module or "", recipe or "")
+    twin = cpu_twins.cpu_twin(module or "", recipe or "")
     rehearse = (f"Rehearse the same path on CPU with CONFIG={twin[0]} NGPU={twin[1]}"
                 if twin else "Rehearse on CPU with the recipe module's debugmodel recipe")
-    plan = twins.plan_command(module, recipe) if module and recipe else "python -m torchtitan_neuron.plan"
+    plan = cpu_twins.plan_command(module, recipe) if module and recipe else "python -m torchtitan_neuron.plan"
     return (
         f"NGPU={ngpu} CPU ranks of {recipe}: each needs {per_rank / GIB:.2f} GiB for its "
         f"sharded state alone ({params / 1e9:.2f} B parameters x {STATE_BYTES_PER_PARAMETER} "
