@@ -1,11 +1,13 @@
 """The package works installed from its wheel, away from the checkout.
 
-Proves: ``pip wheel --no-deps .`` builds a wheel holding the planner package;
+Proves: ``pip wheel --no-deps .`` builds a wheel holding the planner, the
+tracing layer it stands on, the platform package and the ``hf`` command;
 installed into a temporary target and imported from a directory outside the
 checkout, ``torchtitan_neuron`` comes from that target, every recipe module
 (each ``config_registry`` in the installed package) imports, and
 ``python -m torchtitan_neuron.plan`` plans a debug recipe with no tokenizer,
-corpus or other checkout file.
+corpus or other checkout file, and ``python -m torchtitan_neuron.hf --help``
+lists its commands.
 
 Run: .venv/bin/python -m pytest tests/test_wheel.py -q
 """
@@ -60,8 +62,10 @@ def _run(site: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProc
 def test_wheel_holds_the_planner_package(installed):
     _, wheel = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("__init__", "__main__", "core", "trace", "backend", "patches"):
-        assert f"torchtitan_neuron/plan/{module}.py" in names
+    for module in ("plan/__init__", "plan/__main__", "plan/core", "plan/trace",
+                   "plan/backend", "tracing/world", "tracing/patches",
+                   "tracing/neuron_device", "hf/__main__", "devices/__init__"):
+        assert f"torchtitan_neuron/{module}.py" in names
     assert not any(n.startswith("tests/") for n in names)
 
 
@@ -83,6 +87,13 @@ def test_installed_package_imports_every_recipe_module(installed):
     imported = [l for l in proc.stdout.splitlines() if l.startswith("IMPORTED ")]
     assert f"IMPORTED {LLAMA_MODULE}.config_registry" in imported
     assert len(imported) >= 5, imported
+
+
+def test_installed_hf_command_runs_away_from_the_checkout(installed):
+    site, _ = installed
+    proc = _run(site, "-m", "torchtitan_neuron.hf", "--help", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "export" in proc.stdout and "download" in proc.stdout
 
 
 def test_installed_planner_plans_a_debug_recipe(installed):
