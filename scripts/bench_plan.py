@@ -48,13 +48,18 @@ def cells(quick: bool, models: list[str]):
     return out
 
 
+def cell_flags(ngpu: int, backend: str, seq: int, batch: int) -> list[str]:
+    """The trainer flags of a cell, the plan's and the run's alike."""
+    return [*COMMON, "--compile.backend", backend, "--training.seq_len", str(seq),
+            "--training.local_batch_size", str(batch),
+            # One micro-batch per rank per step, whatever the recipe pins.
+            "--training.global_batch_size", str(batch * ngpu),
+            "--parallelism.tensor_parallel_degree=1",
+            "--parallelism.data_parallel_shard_degree=-1"]
+
+
 def run_cell(module, config, ngpu, ac, backend, seq, batch, workdir: Path) -> dict:
-    flags = [*COMMON, "--compile.backend", backend, "--training.seq_len", str(seq),
-             "--training.local_batch_size", str(batch),
-             # One micro-batch per rank per step, whatever the recipe pins.
-             "--training.global_batch_size", str(batch * ngpu),
-             "--parallelism.tensor_parallel_degree=1",
-             "--parallelism.data_parallel_shard_degree=-1"]
+    flags = cell_flags(ngpu, backend, seq, batch)
     sub = [f"activation-checkpoint:{ac}"]
     plan = run_command(
         [sys.executable, "-m", "torchtitan_neuron.plan", "--module", module, "--config",

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_plan import COMMON, cells  # noqa: E402
+from bench_plan import cell_flags, cells  # noqa: E402
 from runlog import run_command  # noqa: E402
 
 LLAMA3 = "torchtitan_neuron.experiments.graph_trainer.llama3"
@@ -28,12 +28,8 @@ def all_cells() -> list[tuple[str, str, int, str, list[str]]]:
     out = []
     for module, config, ngpu, ac, backend, seq, batch in cells(False, ["llama", "medium",
                                                                       "deepseek"]):
-        flags = [*COMMON, "--compile.backend", backend, "--training.seq_len", str(seq),
-                 "--training.local_batch_size", str(batch),
-                 "--training.global_batch_size", str(batch * ngpu),
-                 "--parallelism.tensor_parallel_degree=1",
-                 "--parallelism.data_parallel_shard_degree=-1",
-                 f"activation-checkpoint:{ac}", "--target=cpu"]
+        flags = [*cell_flags(ngpu, backend, seq, batch), f"activation-checkpoint:{ac}",
+                 "--target=cpu"]
         out.append((module, config, ngpu, ac, flags))
     for config, ac in (("simple_fsdp_llama3_8b", "selective"),
                        ("simple_fsdp_llama3_8b_fullac", "full")):

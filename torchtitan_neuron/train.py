@@ -141,8 +141,6 @@ def main() -> None:
 
     try:
         torchtitan.train.main()
-    except KeyboardInterrupt:
-        _exit_interrupted()
     except Exception as exc:
         if "TORCHELASTIC_RUN_ID" in os.environ and _peer_failure(exc):
             # Another rank failed first. torchrun stops this one within a

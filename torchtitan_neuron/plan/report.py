@@ -7,10 +7,6 @@ from dataclasses import dataclass, field
 from torchtitan_neuron.devices.neuron import CORE_MEMORY_GIB
 
 GIB = 1024**3
-
-# Device memory per rank on each Trainium target, the figure a verdict is
-# measured against.
-TARGET_CAPACITY_GIB = CORE_MEMORY_GIB
 TARGETS = ("trn2", "trn3", "cuda", "cpu")
 
 
@@ -98,8 +94,8 @@ def capacity_gib(target: str, ngpu: int) -> float:
     device for CUDA, the host's memory shared by the ranks for CPU."""
     from torchtitan_neuron import devices
 
-    if target in TARGET_CAPACITY_GIB:
-        return TARGET_CAPACITY_GIB[target]
+    if target in CORE_MEMORY_GIB:  # a Trainium target: the memory per rank
+        return CORE_MEMORY_GIB[target]
     if target == "cuda":
         total = devices.cuda_memory_bytes()
         if total is None:
