@@ -4,7 +4,7 @@
     PYTHONPATH=. .venv/bin/python scripts/sink_attention_figures.py --neuron
     PYTHONPATH=. .venv/bin/python scripts/sink_attention_figures.py --model
 
-Prints, for components/sink_attention.py:
+Prints, for models/gpt_oss/attention.py:
 
 - the SDPA kernel CPU picks for the padded shapes (and for an unpadded v);
 - enable_gqa against repeated kv heads: equality and time;
@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.models.common.rope import RoPE
 
-from torchtitan_neuron.components.sink_attention import (
+from torchtitan_neuron.models.gpt_oss.attention import (
     additive_attention_mask,
     attention_mask,
     padded_head_dim,

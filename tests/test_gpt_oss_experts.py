@@ -20,7 +20,7 @@ import torch
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts, swiglu
 
 from torchtitan_neuron.components.experts import ExpertKernelConverter, LocalExperts
-from torchtitan_neuron.components.gpt_oss_experts import GptOssLocalExperts
+from torchtitan_neuron.models.gpt_oss.experts import GptOssLocalExperts
 
 D, HID, E = 32, 16, 6
 COUNTS = [5, 0, 17, 1, 0, 9]  # uneven, two idle experts

@@ -177,7 +177,7 @@ def test_upstream_gpt_oss_adapter_still_drops_the_experts():
     gpt-oss-hf-adapter)."""
     from torchtitan.models.gpt_oss.state_dict_adapter import GptOssStateDictAdapter
 
-    from torchtitan_neuron.components.gpt_oss_adapter import GptOssHFStateDictAdapter
+    from torchtitan_neuron.models.gpt_oss.state_dict_adapter import GptOssHFStateDictAdapter
 
     config, model = _build(*GPT_OSS)
     state = model.state_dict()

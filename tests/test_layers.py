@@ -200,19 +200,30 @@ def test_the_import_parser_sees_each_form():
     assert "torchtitan_neuron.trainer" in registry
 
 
-def test_models_holds_only_recipe_modules():
+def test_models_holds_recipes_and_each_family_its_own_code():
+    # models/<family>/ holds the family's recipes (__init__, config_registry)
+    # and the model code only that family uses, as upstream's models/<family>/;
+    # shared building blocks live in components/, which imports no family.
     models = PACKAGE / "models"
     files = {p.relative_to(models).as_posix() for p in models.rglob("*.py")
              if "__pycache__" not in p.parts}
-    packages = {f.split("/")[0] for f in files if "/" in f}
-    assert packages, "no recipe packages under models/"
-    expected = {"__init__.py", "recipes.py"} | {
-        f"{name}/{leaf}" for name in packages for leaf in ("__init__.py", "config_registry.py")
-    }
-    assert files == expected, (
-        "models/ holds recipes only; move building blocks to components/: "
-        f"{sorted(files ^ expected)}"
-    )
+    families = {f.split("/")[0] for f in files if "/" in f}
+    assert families, "no recipe packages under models/"
+    top = {f for f in files if "/" not in f}
+    assert top == {"__init__.py", "recipes.py"}, (
+        f"models/ holds the family packages and recipes.py only: {sorted(top)}")
+    missing = [f"{name}/{leaf}" for name in sorted(families)
+               for leaf in ("__init__.py", "config_registry.py")
+               if f"{name}/{leaf}" not in files]
+    assert not missing, f"a family package without its recipes: {missing}"
+    for path in _sources():
+        name = _module_name(path)
+        family = name.split(".")[2] if name.startswith(ROOT + ".models.") else None
+        for module in imports(path):
+            if module.startswith(ROOT + ".models.") and module != ROOT + ".models.recipes":
+                other = module.split(".")[2]
+                assert other == family or not name.startswith(ROOT + ".models."), (
+                    f"{name} imports {module}: one family's code does not use another's")
 
 
 # "./tests/assets/tokenizer" is a recipe's default --hf_assets_path: a path on

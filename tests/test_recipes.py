@@ -202,9 +202,9 @@ def test_tp_recipes(module, name, world, layout, ac_type):
 def _assert_gpt_oss_shaping(config, name):
     """SDPA sink attention, count-once MoE, GPT-OSS experts on the kernel
     choice and the load-balancing hook, as the DeepSeek recipes have them."""
-    from torchtitan_neuron.components.gpt_oss_experts import GptOssLocalExperts
+    from torchtitan_neuron.models.gpt_oss.experts import GptOssLocalExperts
     from torchtitan_neuron.components.moe import CountOnceMoE
-    from torchtitan_neuron.components.sink_attention import (
+    from torchtitan_neuron.models.gpt_oss.attention import (
         SdpaSinkAttention,
         SdpaSinkGptOssModel,
     )

@@ -85,7 +85,7 @@ from torchtitan.models.gpt_oss.model import GptOssModel, apply_attention_sink_re
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts, swiglu
 
 from torchtitan_neuron.components.documents import block_causal_mask, document_positions
-from torchtitan_neuron.components.sink_attention import (
+from torchtitan_neuron.models.gpt_oss.attention import (
     SdpaSinkAttention,
     SdpaSinkGptOssModel,
     SinkSDPA,
@@ -703,7 +703,7 @@ def test_bf16_model_matches_fp32(quiet_router, kind):
 
 def test_shared_masks_trace_in_one_graph_under_autocast():
     """The mask building (dtype from autocast) compiles without a break."""
-    from torchtitan_neuron.components.sink_attention import compute_dtype
+    from torchtitan_neuron.models.gpt_oss.attention import compute_dtype
 
     def build(h, documents):
         return shared_attention_masks(h.shape[1], SMALL_WINDOW, h.device, compute_dtype(h),

@@ -11,7 +11,7 @@
   on a busy host could pick the other kernel and compile the step again.
 
 A leaf module: both MoE families' experts (``components.experts``,
-``components.gpt_oss_experts``) build on it.
+``models.gpt_oss.experts``) build on it.
 """
 
 

@@ -2,9 +2,15 @@
 
 ``ExpertKernelConverter`` is a ``ModelConfigConverter``: it swaps every MoE
 layer's grouped-experts config for a kernel-selectable one (``LocalExperts``,
-or ``GptOssLocalExperts`` for GPT-OSS's biased experts) with an
+or a model family's own, such as GPT-OSS's biased experts) with an
 ``implementation``: ``grouped_mm``, ``loop`` or ``auto``
 (``components.expert_kernels``).
+
+Which kernel-selectable class stands in for an upstream experts config is
+looked up in ``LOCAL_EXPERTS``: this module registers torchtitan's
+``GroupedExperts``; a model family with its own experts registers them with
+``register_local_experts`` beside its model code (GPT-OSS's in
+``models/gpt_oss/experts.py``), so this building block imports no family.
 
 Both kernels compute the same function, forward and backward, including
 experts that receive no tokens, and both trace under
@@ -18,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan.models.common.moe import GroupedExperts
-from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
 from torchtitan.protocols.model import ModelConfigConverter
 
 from torchtitan_neuron.components.expert_kernels import (
@@ -26,7 +31,6 @@ from torchtitan_neuron.components.expert_kernels import (
     ExpertImplementation,
     resolve_implementation,
 )
-from torchtitan_neuron.components.gpt_oss_experts import GptOssLocalExperts
 from torchtitan_neuron.config_utils import promote
 
 
@@ -73,14 +77,29 @@ class ExpertKernelConverter(ModelConfigConverter):
         return model_config
 
 
+# Upstream experts config class -> its kernel-selectable config class.
+LOCAL_EXPERTS: dict[type, type] = {}
+
+
+def register_local_experts(upstream_config: type, local_config: type) -> None:
+    """Make ``ExpertKernelConverter`` put ``upstream_config`` experts (and the
+    already converted ``local_config``) on ``local_config``."""
+    LOCAL_EXPERTS[upstream_config] = local_config
+    LOCAL_EXPERTS[local_config] = local_config
+
+
+register_local_experts(GroupedExperts.Config, LocalExperts.Config)
+
+
 def _local_experts_config(inner) -> type:
     """The kernel-selectable experts class for an upstream experts config."""
-    if isinstance(inner, GptOssGroupedExperts.Config):
-        # GPT-OSS experts have biases and a clamped SwiGLU.
-        return GptOssLocalExperts.Config
-    if isinstance(inner, LocalExperts.Config) or type(inner) is GroupedExperts.Config:
-        return LocalExperts.Config
-    raise TypeError(
-        f"ExpertKernelConverter has no kernel-selectable variant of "
-        f"{type(inner).__qualname__}; it converts GroupedExperts and GptOssGroupedExperts"
-    )
+    local = LOCAL_EXPERTS.get(type(inner))
+    if local is None:
+        raise TypeError(
+            f"ExpertKernelConverter has no kernel-selectable variant of "
+            f"{type(inner).__qualname__}; it converts "
+            f"{sorted(c.__qualname__ for c in LOCAL_EXPERTS)}. A family's experts "
+            "are registered by its model package (GPT-OSS's by importing "
+            "torchtitan_neuron.models.gpt_oss)"
+        )
+    return local

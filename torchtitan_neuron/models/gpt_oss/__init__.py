@@ -1,5 +1,10 @@
 """GPT-OSS on torchtitan's plain Trainer, with the Neuron model pieces.
 
+The family's model code lives beside its recipes: ``attention`` (sinks,
+windows and document masks on SDPA), ``experts`` (experts in the parameter
+dtype on the project's kernels) and ``state_dict_adapter`` (the Hugging Face
+names of the experts).
+
 Select with ``--module torchtitan_neuron.models.gpt_oss``.
 
 Flavors: upstream's ``20b`` and ``120b`` (and ``debugmodel``), plus
@@ -15,10 +20,12 @@ from torchtitan.models.gpt_oss.model import GptOssModel
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from torchtitan_neuron.components.gpt_oss_adapter import GptOssHFStateDictAdapter
 from torchtitan_neuron.components.model_config import neuron_spec
 from torchtitan_neuron.components.moe import register_load_balancing_hook
-from torchtitan_neuron.components.sink_attention import use_sdpa_sink_model
+# Importing the experts registers them with ExpertKernelConverter.
+from torchtitan_neuron.models.gpt_oss import experts  # noqa: F401
+from torchtitan_neuron.models.gpt_oss.attention import use_sdpa_sink_model
+from torchtitan_neuron.models.gpt_oss.state_dict_adapter import GptOssHFStateDictAdapter
 
 # The CPU debug model: upstream's debugmodel (dim 256, 4 layers, 64 query and
 # 8 KV heads of 64, 8 experts, vocab 2048; sliding window on layers 0 and 2)

@@ -20,7 +20,7 @@ from torchtitan.experiments.graph_trainer.simple_fsdp import (
     disable_active_parametrization,
 )
 
-from torchtitan_neuron.components.sink_attention import SdpaSinkGptOssModel
+from torchtitan_neuron.models.gpt_oss.attention import SdpaSinkGptOssModel
 
 
 class GraphTrainerGptOssModel(SdpaSinkGptOssModel):

@@ -35,6 +35,7 @@ from torchtitan_neuron.components.expert_kernels import (
     per_expert_loop,
     resolve_implementation,
 )
+from torchtitan_neuron.components.experts import register_local_experts
 
 # torch 2.14.1's grouped_mm meta kernel, which every traced graph goes
 # through, takes only these (eager CPU grouped_mm also takes fp32).
@@ -117,3 +118,7 @@ class GptOssLocalExperts(GptOssGroupedExperts):
         b2_RD = _per_token_bias(b2_ED, num_tokens_per_expert_E, rows)
         b2_RD = ScaleBiasForward.apply(b2_RD, _tp_degree(self.mlp1_weight_EGD), dtype)
         return (h_RD + b2_RD).type_as(x_RD)
+
+
+# ExpertKernelConverter puts GPT-OSS's experts on this class.
+register_local_experts(GptOssGroupedExperts.Config, GptOssLocalExperts.Config)
