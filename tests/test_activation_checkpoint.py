@@ -29,6 +29,7 @@ from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import (
     AttentionSavingSAC,
     apply_activation_checkpointing,
     check_memory_policy,
+    SaveEveryMatmulSAC,
     save_attention,
 )
 
@@ -127,17 +128,24 @@ def test_selective_ac_saves_cpu_attention(memory_policy):
 
 
 def test_only_torchtitans_own_selective_policy_is_promoted():
+    # The memory policy is a visible choice: a SelectiveAC subclass, built
+    # from the promoted config, not a method swapped on an instance.
     config = SelectiveAC.Config(preserve_rng_state=True)
     promoted = save_attention(config)
     assert type(promoted) is AttentionSavingSAC.Config and promoted.preserve_rng_state
+    default = save_attention(config, "default")
+    assert type(default) is SaveEveryMatmulSAC.Config and default.preserve_rng_state
+    assert type(default.build()) is SaveEveryMatmulSAC
+    assert type(save_attention(AttentionSavingSAC.Config(), "default")) is SaveEveryMatmulSAC.Config
 
     class MySAC(SelectiveAC):
         @dataclass(kw_only=True, slots=True)
         class Config(SelectiveAC.Config):
             pass
 
-    for kept in (FullAC.Config(), None, AttentionSavingSAC.Config(), MySAC.Config()):
-        assert save_attention(kept) is kept
+    for kept in (FullAC.Config(), None, MySAC.Config()):
+        for policy in ("default", "eager"):
+            assert save_attention(kept, policy) is kept
 
 
 def test_the_two_policies_never_share_a_cache_entry():

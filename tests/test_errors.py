@@ -299,52 +299,73 @@ def test_trainium_recipe_on_a_cpu_host_is_refused_with_both_figures():
                              host_bytes=64 * 32 * 1024**3) is None
 
 
-def test_saves_are_renamed_when_complete(tmp_path):
+def _checkpoint_manager(monkeypatch, folder, upstream_save):
+    """A NeuronCheckpointManager on ``folder`` whose upstream ``dcp_save``
+    (what its override calls) is ``upstream_save``: the override is the real
+    one, the DCP writer a fake."""
+    from torchtitan.components.checkpointer import CheckpointManager
+
+    monkeypatch.setattr(CheckpointManager, "dcp_save", upstream_save)
+    manager = object.__new__(ckpt.NeuronCheckpointManager)
+    manager.enable, manager.folder, manager.atomic = True, str(folder), True
+    return manager
+
+
+def test_saves_are_renamed_when_complete(tmp_path, monkeypatch):
     """A fake DCP writer: the files appear under .partial-N while it writes;
     step-N appears only once it has returned; an interrupted save leaves no
-    step-N."""
+    step-N. A Hugging Face export gets its hand-off before the rename."""
 
-    class Checkpointer:
-        enable, folder = True, str(tmp_path)
+    def upstream_save(self, state_dict, checkpoint_id, async_mode, **kwargs):
+        assert checkpoint_id.endswith(".partial-5")
+        (tmp_path / ".partial-5").mkdir()
+        (tmp_path / ".partial-5" / "__0_0.distcp").write_text("shard")
+        if state_dict.get("interrupt"):
+            raise KeyboardInterrupt
+        (tmp_path / ".partial-5" / ".metadata").write_text("done")
 
-        def dcp_save(self, state_dict, checkpoint_id, async_mode, **kwargs):
-            assert checkpoint_id.endswith(".partial-5")
-            (tmp_path / ".partial-5").mkdir()
-            (tmp_path / ".partial-5" / "__0_0.distcp").write_text("shard")
-            if state_dict.get("interrupt"):
-                raise KeyboardInterrupt
-            (tmp_path / ".partial-5" / ".metadata").write_text("done")
-
-    checkpointer = Checkpointer()
-    assert ckpt.make_saves_atomic(checkpointer)
+    manager = _checkpoint_manager(monkeypatch, tmp_path, upstream_save)
     with pytest.raises(KeyboardInterrupt):
-        checkpointer.dcp_save({"interrupt": True}, str(tmp_path / "step-5"), None)
+        manager.dcp_save({"interrupt": True}, str(tmp_path / "step-5"), None)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-5"]
     assert ckpt.report_leftovers(str(tmp_path)) == [".partial-5"]
-    checkpointer.dcp_save({}, str(tmp_path / "step-5"), None)
+    handed = []
+    manager.hf_hand_off = handed.append
+    manager.dcp_save({}, str(tmp_path / "step-5"), None, to_hf=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
     assert (tmp_path / "step-5" / ".metadata").read_text() == "done"
+    assert handed == [str(tmp_path / ".partial-5")]
 
 
-def test_async_saves_are_renamed_when_the_upload_completes(tmp_path):
+def test_async_saves_are_renamed_when_the_upload_completes(tmp_path, monkeypatch):
     from concurrent.futures import Future
 
     upload = Future()
 
-    class Checkpointer:
-        enable, folder = True, str(tmp_path)
+    def upstream_save(self, state_dict, checkpoint_id, async_mode, **kwargs):
+        (tmp_path / ".partial-7").mkdir()
+        return upload
 
-        def dcp_save(self, state_dict, checkpoint_id, async_mode, **kwargs):
-            (tmp_path / ".partial-7").mkdir()
-            return upload
-
-    checkpointer = Checkpointer()
-    ckpt.make_saves_atomic(checkpointer)
-    assert checkpointer.dcp_save({}, str(tmp_path / "step-7"), "async") is upload
+    manager = _checkpoint_manager(monkeypatch, tmp_path, upstream_save)
+    assert manager.dcp_save({}, str(tmp_path / "step-7"), "async") is upload
     assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-7"]
     (tmp_path / ".partial-7" / ".metadata").write_text("done")
     upload.set_result(None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-7"]
+
+
+def test_recipes_name_the_projects_checkpoint_manager_and_metrics_processor():
+    # Upstream's doors (Configurable subclasses chosen by the config), not
+    # methods swapped on torchtitan's instances.
+    from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
+        simple_fsdp_llama3_debugmodel,
+    )
+    from torchtitan_neuron.models.llama3.config_registry import llama3_debugmodel_neuron
+    from torchtitan_neuron.run_report import NeuronMetricsProcessor
+
+    for config in (llama3_debugmodel_neuron(), simple_fsdp_llama3_debugmodel()):
+        assert type(config.checkpoint) is ckpt.NeuronCheckpointManager.Config
+        assert type(config.metrics) is NeuronMetricsProcessor.Config
 
 
 def test_neuron_cores_are_counted_through_torch_accelerator(monkeypatch):

@@ -68,9 +68,11 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.train_step": "9bce12a187ca10f4",
         "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.close": "0855dd5996560490",
     },
-    "run-record": {
-        # Every logged step's metrics reach metrics_processor.logger.log.
+    "metrics-processor": {
+        # Every logged step's metrics reach metrics_processor.logger.log, and
+        # log prints the step line the suffix goes on.
         "torchtitan.components.metrics:MetricsProcessor.log": "f903b614bb669ad1",
+        "torchtitan.components.metrics:MetricsProcessor.__init__": "e95ed9d3aab1e2a7",
         "torchtitan.components.metrics:MetricsProcessor._build_metric_logger": "870781c4ffab68e7",
         "torchtitan.trainer:Trainer.train": "1007394b8f1a6dfb",
     },
@@ -79,10 +81,6 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.distributed.cudagraph:wrap_with_cuda_graph": "b3310729074690a6",
         # zero_grad(set_to_none=disable_cuda_graphs): why the flag is left alone.
         "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
-    },
-    "step-line-suffix": {
-        "torchtitan.components.metrics:MetricsProcessor.log": "f903b614bb669ad1",
-        "torchtitan.trainer:Trainer.close": "2cb638f032a60554",
     },
     "gloo-force-sum": {
         "torch.distributed.fsdp._fully_shard._fsdp_collectives:_get_gradient_divide_factors":
@@ -95,6 +93,7 @@ PINNED: dict[str, dict[str, str]] = {
     },
     "atomic-saves": {
         "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save": "4688af5aa781414f",
+        "torchtitan.components.checkpointer.dcp:CheckpointManager.__init__": "ee2e4ead2d91c00b",
     },
     "layout-invariant-init": {
         "torchtitan.protocols.module:Module._init_param": "1fb50c1893b486ff",

@@ -6,7 +6,8 @@ with some shards and no ``.metadata``. torchtitan's own loader skips such a
 folder, but a person, a copy script or an export reading ``step-N`` cannot
 tell it from a good one, and its purge counts it as a checkpoint.
 
-``make_saves_atomic(checkpointer)`` makes every save write to
+``NeuronCheckpointManager``, torchtitan's ``CheckpointManager`` that every
+recipe's config names (``config.checkpoint``), makes every save write to
 ``<folder>/.partial-N`` and rename it to ``step-N`` once every rank's
 shards and the metadata are written: after the save returns (synchronous
 saves, and the last-step and Hugging Face exports), or when the upload
@@ -16,9 +17,14 @@ purged as a checkpoint; a leftover one is reported and replaced by the next
 save of that step. Remote folders (``s3://``...) keep torchtitan's
 behaviour: there, ``.metadata`` written last is the completion marker.
 
-A Hugging Face export (``to_hf``) also gets, before the rename, what
-``checkpointer.hf_hand_off`` writes (``torchtitan_neuron.hf.install_export``:
-config.json and the tokenizer files).
+It has two doors for the Hugging Face hand-off, which the trainer opens
+(``torchtitan_neuron.hf.install_export``):
+
+- ``hf_hand_off(folder)``: what a Hugging Face export (``to_hf``) also gets
+  before the rename (config.json and the tokenizer files), on rank 0;
+- ``hf_import_skip(state_dict, folder)``: the Hugging Face names an import
+  may find absent from ``folder`` (tensors transformers has no place for,
+  which the model then keeps at their initial values).
 """
 
 from __future__ import annotations
@@ -26,9 +32,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
+from torchtitan.components.checkpointer import CheckpointManager
+from torchtitan.components.checkpointer.base import MODEL
 from torchtitan.tools.logging import logger
 
 PARTIAL_PREFIX = ".partial-"
@@ -73,16 +85,32 @@ def report_leftovers(folder: str) -> list[str]:
     return left
 
 
-def make_saves_atomic(checkpointer) -> bool:
-    """Wrap ``checkpointer.dcp_save``; returns False where it is left as is."""
-    folder = getattr(checkpointer, "folder", "")
-    if not getattr(checkpointer, "enable", False) or "://" in str(folder):
-        return False
-    save = checkpointer.dcp_save
-    report_leftovers(folder)
+def _is_step_folder(checkpoint_id) -> bool:
+    return re.search(r"step-\d+$", str(checkpoint_id).rstrip("/")) is not None
 
-    def dcp_save(state_dict, checkpoint_id, async_mode, *args, **kwargs):
-        if not re.search(r"step-\d+$", str(checkpoint_id).rstrip("/")):
+
+class NeuronCheckpointManager(CheckpointManager):
+    """torchtitan's DCP checkpoint manager with saves renamed when complete
+    and the Hugging Face hand-off (the module docstring says how)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        pass
+
+    hf_hand_off: Callable[[str], None] | None = None
+    hf_import_skip: Callable[[dict, str], set[str]] | None = None
+
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(config, **kwargs)
+        # Remote folders (s3://...) keep torchtitan's in-place writes.
+        self.atomic = self.enable and "://" not in str(self.folder)
+        if self.atomic:
+            report_leftovers(self.folder)
+
+    @torch.no_grad()
+    def dcp_save(self, state_dict, checkpoint_id, async_mode, *args, **kwargs):
+        save = super().dcp_save
+        if not getattr(self, "atomic", False) or not _is_step_folder(checkpoint_id):
             return save(state_dict, checkpoint_id, async_mode, *args, **kwargs)
         final, partial = checkpoint_id, partial_name(checkpoint_id)
         if _is_rank0() and os.path.exists(partial):
@@ -93,9 +121,8 @@ def make_saves_atomic(checkpointer) -> bool:
         if not hasattr(future, "add_done_callback"):  # a synchronous save returned
             _barrier()  # every rank's files (and consolidated exports) are in
             if _is_rank0():
-                hand_off = getattr(checkpointer, "hf_hand_off", None)
-                if kwargs.get("to_hf") and hand_off is not None:
-                    hand_off(partial)  # config.json, tokenizer (torchtitan_neuron.hf)
+                if kwargs.get("to_hf") and self.hf_hand_off is not None:
+                    self.hf_hand_off(partial)  # config.json, tokenizer
                 _publish(partial, final)
         elif _is_rank0():
             # Rank 0's DCP future completes after the metadata, which is
@@ -104,5 +131,15 @@ def make_saves_atomic(checkpointer) -> bool:
                 lambda f: f.exception() is None and _publish(partial, final))
         return result
 
-    checkpointer.dcp_save = dcp_save
-    return True
+    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
+        skip = set()
+        if from_hf and self.sd_adapter is not None and self.hf_import_skip is not None:
+            skip = self.hf_import_skip(state_dict, checkpoint_id)
+        if not skip:
+            return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        # Upstream's HF branch, asking DCP only for the tensors the folder has.
+        adapter = self.sd_adapter
+        hf_state_dict = {k: v for k, v in adapter.to_hf(state_dict).items() if k not in skip}
+        reader = adapter.get_hf_storage_reader(checkpoint_id, from_quantized)
+        dcp.load(hf_state_dict, storage_reader=reader)
+        self.states[MODEL].load_state_dict(adapter.from_hf(hf_state_dict))

@@ -1,12 +1,17 @@
-"""What a run tells its user besides the step lines: the first step's compile
-announced, kept alive by a heartbeat and timed, and a summary after the last
-step (also written as ``<dump folder>/run_summary.json``, which
-``scripts/plot_run.py`` draws). Rank 0 speaks; the other ranks stay quiet.
+"""What a run tells its user: the step lines, through ``NeuronMetricsProcessor``
+(torchtitan's metrics processor, which every recipe's config names: each
+logged step kept for the summary, ``grad_accum: N`` on the step line, and an
+expert-balance line on MoE models); the first step's compile announced, kept
+alive by a heartbeat and timed; and a summary after the last step (also
+written as ``<dump folder>/run_summary.json``, which ``scripts/plot_run.py``
+draws). Rank 0 speaks; the other ranks stay quiet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -14,10 +19,13 @@ import threading
 import time
 from pathlib import Path
 
-from torchtitan.components.metrics import BaseLogger
+from dataclasses import dataclass
+
+from torchtitan.components.metrics import BaseLogger, MetricsProcessor
 from torchtitan.tools.logging import logger
 
 from torchtitan_neuron import cpu_twins
+from torchtitan_neuron.components.moe import expert_balance_stats
 
 HEARTBEAT_ENV = "TORCHTITAN_NEURON_HEARTBEAT_S"
 HEARTBEAT_S = 30.0
@@ -126,6 +134,70 @@ class RunRecord(BaseLogger):
             if writer is not None:
                 return writer.log_dir
         return None
+
+
+class _StepLineSuffix(logging.Filter):
+    """Appends ``suffix`` to torchtitan's step line (``step: ... loss: ...``)."""
+
+    def __init__(self, suffix: str):
+        super().__init__()
+        self.suffix = suffix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "step:" in record.msg \
+                and self.suffix not in record.msg:
+            record.msg = record.msg + self.suffix
+        return True
+
+
+@contextlib.contextmanager
+def step_line_suffix(suffix: str):
+    """``suffix`` on the step line ``MetricsProcessor.log`` prints inside."""
+    if not suffix:
+        yield
+        return
+    line = _StepLineSuffix(suffix)
+    logger.addFilter(line)
+    try:
+        yield
+    finally:
+        logger.removeFilter(line)
+
+
+class NeuronMetricsProcessor(MetricsProcessor):
+    """torchtitan's metrics processor, with what every Neuron recipe reports.
+
+    - Each logged step's metrics are kept (``self.record``, a ``RunRecord``
+      around torchtitan's TensorBoard / W&B loggers) for the run summary.
+    - The step line ends with ``grad_accum: N`` once the trainer sets
+      ``grad_accum_steps``, so the batch arithmetic shows on every line.
+    - On an MoE model a line on expert balance follows each step line.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        pass
+
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(config, **kwargs)
+        self.record = RunRecord(self.logger)
+        self.logger = self.record
+        self.grad_accum_steps: int | None = None
+
+    def log(self, step: int, global_avg_loss: float, global_max_loss: float,
+            grad_norm: float, extra_metrics: dict | None = None) -> None:
+        accum = self.grad_accum_steps
+        with step_line_suffix(f"  grad_accum: {accum}" if accum else ""):
+            super().log(step, global_avg_loss, global_max_loss, grad_norm,
+                        extra_metrics=extra_metrics)
+        stats = expert_balance_stats(self.model_parts or [])
+        if stats is not None:
+            logger.info(
+                f"step: {step:2}  expert_imbalance: {stats[0]:.4f}  "
+                f"expert_bias_spread: {stats[1]:.5f}  "
+                "(max/mean tokens per expert; max-min expert bias; "
+                "means over MoE layers)"
+            )
 
 
 def recipe_from_argv(argv: list[str] | None = None) -> tuple[str | None, str | None]:

@@ -11,7 +11,10 @@ recipes' ``NeuronGraphTrainer`` is in
   (``torchtitan_neuron.seeded_init``).
 - A non-finite loss or gradient norm stops the run on the step where it
   appears, before the optimizer applies that step's update.
-- The step line says how many gradient-accumulation steps make the batch.
+- The metrics processor and the checkpoint manager are this project's
+  subclasses of torchtitan's (``run_report.NeuronMetricsProcessor``,
+  ``checkpoint.NeuronCheckpointManager``), which the recipes name; a config
+  that names torchtitan's own gets them here.
 - ``config.build(step_hook=StepHook(...))`` changes how a step runs when it
   is traced rather than trained (the memory planner traces it on
   FakeTensors): which gradient clipping runs, and whether the trainer may
@@ -21,7 +24,6 @@ recipes' ``NeuronGraphTrainer`` is in
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 from collections.abc import Callable
@@ -30,14 +32,16 @@ from dataclasses import dataclass, field
 import torch
 
 import torchtitan.distributed.utils as dist_utils
+from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config import CompileConfig
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import devices, run_report
-from torchtitan_neuron.checkpoint import make_saves_atomic
-from torchtitan_neuron.hf import install_export
+from torchtitan_neuron.checkpoint import NeuronCheckpointManager
+from torchtitan_neuron.hf import export_hand_off, unexpressed_import_skip
+from torchtitan_neuron.run_report import NeuronMetricsProcessor
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.seeded_init import layout_invariant_init
 from torchtitan_neuron.memory_accounting.sharded_state import sharded_state_bytes, state_bytes
@@ -50,7 +54,6 @@ from torchtitan_neuron.components.documents import (
     document_positions,
     document_starts,
 )
-from torchtitan_neuron.components.moe import expert_balance_stats
 
 GRAD_CLIP_COMPONENT = "grad_clip"
 # Set to a step number to measure that step's tensor memory on the real
@@ -143,12 +146,12 @@ class StepHook:
     metrics line, whose loss is a value)."""
 
 
-class QuietMetricsProcessor(MetricsProcessor):
-    """torchtitan's metrics processor that never logs: a step without
-    values has no loss to log (``StepHook.read_values``)."""
+class QuietMetricsProcessor(NeuronMetricsProcessor):
+    """The metrics processor that never logs: a step without values has no
+    loss to log (``StepHook.read_values``)."""
 
     @dataclass(kw_only=True, slots=True)
-    class Config(MetricsProcessor.Config):
+    class Config(NeuronMetricsProcessor.Config):
         pass
 
     def should_log(self, step: int) -> bool:
@@ -159,28 +162,19 @@ class NonFiniteError(RuntimeError):
     """A step produced a NaN or inf loss or gradient norm."""
 
 
-class _StepLineSuffix(logging.Filter):
-    """Appends a fixed text to torchtitan's per-step metrics line."""
-
-    def __init__(self, suffix: str):
-        super().__init__()
-        self.suffix = suffix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.funcName == "log"
-            and record.module == "metrics"
-            and isinstance(record.msg, str)
-            and "step:" in record.msg
-            and self.suffix not in record.msg
-        ):
-            record.msg = record.msg + self.suffix
-        return True
+def neuron_components(config) -> None:
+    """This project's metrics processor and checkpoint manager where
+    ``config`` names torchtitan's own (a recipe names them already)."""
+    if type(config.metrics) is MetricsProcessor.Config:
+        config.metrics = promote(config.metrics, NeuronMetricsProcessor.Config)
+    if type(config.checkpoint) is CheckpointManager.Config:
+        config.checkpoint = promote(config.checkpoint, NeuronCheckpointManager.Config)
 
 
 class NeuronTrainerMixin:
     def __init__(self, config, *, step_hook: StepHook | None = None):
         self.step_hook = step_hook = step_hook or StepHook()
+        neuron_components(config)
         if not step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
         devices.install()
@@ -206,8 +200,7 @@ class NeuronTrainerMixin:
                 "independent of the parallel layout"
             )
         _force_sum_reductions_on_gloo(self.model_parts)
-        make_saves_atomic(self.checkpointer)
-        install_export(self)
+        self._open_hf_doors()
         compile_config = self.config.compile
         # torch.compile'd clipping when ``grad_clip`` is a compile component
         # (a step hook may swap in its own tracing of the same function).
@@ -220,19 +213,23 @@ class NeuronTrainerMixin:
                 clip = step_hook.wrap_clip(self.compiled_clip)
         self._clip_then_check = self._guarded(clip)
         self._step_loss: torch.Tensor | None = None
-        self._step_line_suffix = _StepLineSuffix(
-            f"  grad_accum: {self.gradient_accumulation_steps}"
-        )
-        logger.addFilter(self._step_line_suffix)
-        # The run's own report: the first step's compile, and a summary.
-        self._run_record = run_report.RunRecord(self.metrics_processor.logger)
-        self.metrics_processor.logger = self._run_record
+        if isinstance(self.metrics_processor, NeuronMetricsProcessor):
+            self.metrics_processor.grad_accum_steps = self.gradient_accumulation_steps
         self._compile_progress = None
         self._measure_step = int(os.environ.get(MEASURE_MEMORY_ENV, "0") or 0)
         self._tracker = None
         if self._measure_step > 0:
             self._tracker = StorageTracker()
             instrument(self, self._tracker)
+
+    def _open_hf_doors(self) -> None:
+        """The Hugging Face hand-off on export and the tolerant import."""
+        checkpointer = self.checkpointer
+        if not isinstance(checkpointer, NeuronCheckpointManager) or not checkpointer.enable:
+            return
+        checkpointer.hf_import_skip = unexpressed_import_skip(
+            self.config.model_spec, checkpointer.sd_adapter)
+        checkpointer.hf_hand_off = export_hand_off(self)
 
     def post_dataloading_process(self, input_dict, labels):
         inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
@@ -343,16 +340,11 @@ class NeuronTrainerMixin:
             + " ".join(f"{k}={v / gib:.4f}" for k, v in parts.items())
         )
 
-    def close(self) -> None:
-        suffix = getattr(self, "_step_line_suffix", None)
-        if suffix is not None:
-            logger.removeFilter(suffix)
-        super().close()
-
     def train(self):
         super().train()
-        if self.step_hook.read_values and run_report.is_rank0():
-            summary = run_report.summarize(self.config, self._run_record,
+        record = getattr(self.metrics_processor, "record", None)  # a user's own has none
+        if record is not None and self.step_hook.read_values and run_report.is_rank0():
+            summary = run_report.summarize(self.config, record,
                                            self._compile_progress, devices.current().name)
             run_report.write_summary(self.config, summary)
             logger.info(run_report.describe(summary))
@@ -378,15 +370,6 @@ class NeuronTrainerMixin:
             # After the first step the gradients and optimizer state exist.
             state = sharded_state_bytes(self.model_parts, self.optimizers)
             logger.info(f"Per-rank sharded state: {state.describe()}")
-        if self.metrics_processor.should_log(self.step):
-            stats = expert_balance_stats(self.model_parts)
-            if stats is not None:
-                logger.info(
-                    f"step: {self.step:2}  expert_imbalance: {stats[0]:.4f}  "
-                    f"expert_bias_spread: {stats[1]:.5f}  "
-                    "(max/mean tokens per expert; max-min expert bias; "
-                    "means over MoE layers)"
-                )
 
 
 class NeuronTrainer(NeuronTrainerMixin, Trainer):

@@ -24,18 +24,18 @@ from torchtitan_neuron.hf.export import (
     bias_notes,
     export_config,
     finish_export,
-    install_export,
+    export_hand_off,
     write_hand_off,
 )
 from torchtitan_neuron.hf.load import (
-    allow_unexpressed_on_import,
     family_flavors,
     folder_shapes,
     import_refusal,
+    unexpressed_import_skip,
 )
 
 __all__ = [
-    "HFExportError", "allow_unexpressed_on_import", "bias_notes", "coverage_gaps",
-    "export_config", "family", "family_flavors", "finish_export", "folder_shapes",
-    "import_refusal", "install_export", "transformers_config", "write_hand_off",
+    "HFExportError", "bias_notes", "coverage_gaps", "export_config", "export_hand_off",
+    "family", "family_flavors", "finish_export", "folder_shapes", "import_refusal",
+    "transformers_config", "unexpressed_import_skip", "write_hand_off",
 ]

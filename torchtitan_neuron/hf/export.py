@@ -2,9 +2,10 @@
 the tokenizer files and notes on what the architecture cannot express.
 
 torchtitan's ``--checkpoint.last_save_in_hf`` writes safetensors and their
-index through the recipe's state-dict adapter; ``install_export`` (called by
-the trainer) has the hand-off written into the checkpoint's ``.partial-N``
-folder before it is renamed, so a complete ``step-N`` always has it.
+index through the recipe's state-dict adapter; ``export_hand_off`` gives the
+trainer what ``NeuronCheckpointManager.hf_hand_off`` writes into the
+checkpoint's ``.partial-N`` folder before it is renamed, so a complete
+``step-N`` always has it.
 ``export_checkpoint`` exports a DCP checkpoint after the fact
 (``python -m torchtitan_neuron.hf export``).
 """
@@ -28,7 +29,7 @@ from torchtitan_neuron.hf.config import (
     family,
     transformers_config,
 )
-from torchtitan_neuron.hf.load import allow_unexpressed_on_import, folder_shapes
+from torchtitan_neuron.hf.load import folder_shapes
 
 def write_hand_off(folder: str | os.PathLike, hf_config: dict, hf_assets_path: str | None,
                    notes: list[str]) -> list[str]:
@@ -89,16 +90,14 @@ def bias_notes(model_spec, state: dict) -> list[str]:
             "written to the safetensors all the same."]
 
 
-def install_export(trainer) -> bool:
-    """Arrange for ``--checkpoint.last_save_in_hf`` exports to carry
-    config.json and the tokenizer. Raises HFExportError at start-up when the
-    adapter would drop model tensors. Returns False when there is no HF
-    export to arrange."""
+def export_hand_off(trainer):
+    """What a ``--checkpoint.last_save_in_hf`` export also gets (config.json,
+    the tokenizer), as ``NeuronCheckpointManager.hf_hand_off`` takes it;
+    None when the run exports nothing. Raises HFExportError at start-up
+    when the adapter would drop model tensors."""
     checkpointer = trainer.checkpointer
-    if getattr(checkpointer, "enable", False):
-        allow_unexpressed_on_import(checkpointer, trainer.config.model_spec)
     if not getattr(checkpointer, "enable", False) or not getattr(checkpointer, "last_save_in_hf", False):
-        return False
+        return None
     config = trainer.config
     spec = config.model_spec
     adapter = checkpointer.sd_adapter
@@ -121,9 +120,8 @@ def install_export(trainer) -> bool:
                        "The weights are still written.")
     # Rank 0 alone writes the hand-off: it reads its own buffers, not the
     # state dict (a collective under FSDP).
-    checkpointer.hf_hand_off = lambda folder: _hand_off(
+    return lambda folder: _hand_off(
         folder, spec, hf_config, gap, config.hf_assets_path, trainer.model_parts, expected)
-    return True
 
 
 def written_tensors(folder) -> set[str]:

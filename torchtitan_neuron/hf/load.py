@@ -17,41 +17,32 @@ from torchtitan_neuron.hf.config import (
     unexpressed_hf_keys,
 )
 
-def allow_unexpressed_on_import(checkpointer, spec) -> bool:
-    """An HF folder transformers wrote has no expert-selection bias (its
+def unexpressed_import_skip(spec, adapter):
+    """For an HF import, the tensors the folder may lack, as
+    ``NeuronCheckpointManager.hf_import_skip`` takes them; None for a family
+    with none.
+
+    An HF folder transformers wrote has no expert-selection bias (its
     DeepSeek-V2 and GPT-OSS have none), and torchtitan's HF load asks DCP
     for every tensor ``to_hf`` names: "Missing key in checkpoint state_dict:
-    model.layers.1.mlp.gate.e_score_correction_bias". Wrap ``dcp_load`` so
-    that, for an HF load, those tensors are requested only when the folder
-    has them; the model keeps its initial values (zeros) otherwise. Every
-    other tensor is still required (``import_refusal`` names missing
-    ones before a rank starts)."""
+    model.layers.1.mlp.gate.e_score_correction_bias". Those tensors are
+    asked for only when the folder has them; the model keeps its initial
+    values (zeros) otherwise. Every other tensor is still required
+    (``import_refusal`` names missing ones before a rank starts)."""
     pattern, what = UNEXPRESSED.get(family(spec), (None, None))
-    if pattern is None or not hasattr(checkpointer, "dcp_load"):
-        return False
-    load = checkpointer.dcp_load
-    adapter = checkpointer.sd_adapter
+    if pattern is None or adapter is None:
+        return None
 
-    def dcp_load(state_dict, checkpoint_id, from_hf, *args, **kwargs):
-        if not from_hf or adapter is None:
-            return load(state_dict, checkpoint_id, from_hf, *args, **kwargs)
-        present = set(folder_shapes(checkpoint_id))
-        skip = unexpressed_hf_keys(spec, adapter, state_dict) - present
-        if not skip:
-            return load(state_dict, checkpoint_id, from_hf, *args, **kwargs)
-        from torchtitan.tools.logging import logger
+    def skip(state_dict: dict, folder: str) -> set[str]:
+        absent = unexpressed_hf_keys(spec, adapter, state_dict) - set(folder_shapes(folder))
+        if absent:
+            from torchtitan.tools.logging import logger
 
-        logger.info(f"{checkpoint_id} has no {what.split(' (')[0]} ({len(skip)} tensors, "
-                    "as transformers writes it): it starts at zero")
-        to_hf = adapter.to_hf
-        adapter.to_hf = lambda sd: {k: v for k, v in to_hf(sd).items() if k not in skip}
-        try:
-            return load(state_dict, checkpoint_id, from_hf, *args, **kwargs)
-        finally:
-            adapter.to_hf = to_hf
+            logger.info(f"{folder} has no {what.split(' (')[0]} ({len(absent)} tensors, "
+                        "as transformers writes it): it starts at zero")
+        return absent
 
-    checkpointer.dcp_load = dcp_load
-    return True
+    return skip
 
 
 def folder_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]]:

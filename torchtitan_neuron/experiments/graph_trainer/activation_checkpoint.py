@@ -30,7 +30,6 @@ so AC cannot recompute them either.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 from dataclasses import dataclass
@@ -125,12 +124,29 @@ class AttentionSavingSAC(SelectiveAC):
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 
-def save_attention(ac_config):
+class SaveEveryMatmulSAC(AttentionSavingSAC):
+    """Selective AC under jit mode's ``--compile.memory_policy default``:
+    every op of the save list is saved, every matmul included, as
+    graph_trainer's ``_make_default_memory_policy`` does in its aot_fx_trace
+    mode; torchtitan's eager ``SelectiveAC`` recomputes every second matmul.
+    Its block wrapper is ``save_every_matmul``."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(AttentionSavingSAC.Config):
+        pass
+
+    def _wrap_block(self, module: nn.Module, *, base_fqn: str | None = None) -> nn.Module:
+        return save_every_matmul(self, module, base_fqn=base_fqn)
+
+
+def save_attention(ac_config, memory_policy: str = "eager"):
     """``ac_config`` with torchtitan's ``SelectiveAC`` promoted to
-    ``AttentionSavingSAC``; any other policy (full, none, a subclass a user
-    chose) as it is."""
-    if type(ac_config) is SelectiveAC.Config:
-        return promote(ac_config, AttentionSavingSAC.Config)
+    ``AttentionSavingSAC`` (``memory_policy`` ``eager``) or
+    ``SaveEveryMatmulSAC`` (``default``); any other policy (full, none, a
+    subclass a user chose, whose own ``_wrap_block`` then applies) as it is."""
+    if type(ac_config) in (SelectiveAC.Config, AttentionSavingSAC.Config):
+        chosen = SaveEveryMatmulSAC if memory_policy == "default" else AttentionSavingSAC
+        return promote(ac_config, chosen.Config)
     return ac_config
 
 
@@ -151,19 +167,18 @@ def apply_activation_checkpointing(
     matmul, as torchtitan's eager ``SelectiveAC`` does.
     """
     check_memory_policy(ac_config, memory_policy)
-    ac_config = save_attention(ac_config)
+    ac_config = save_attention(ac_config, memory_policy)
     if ac_config is None:
         logger.info("Activation checkpointing: none (parameter gathers still recomputed)")
         return
     policy = ac_config.build(dump_folder=dump_folder)
-    if isinstance(policy, SelectiveAC) and memory_policy == "default":
-        policy._wrap_block = functools.partial(save_every_matmul, policy)
     policy.apply(model)
     hash_selective_policies(model, ac_config)
     if isinstance(policy, SelectiveAC):
-        logger.info(f"Selective AC under --compile.memory_policy {memory_policy}: "
-                    + ("every matmul saved" if memory_policy == "default"
-                       else "every second matmul recomputed"))
+        what = {SaveEveryMatmulSAC: "every matmul saved",
+                AttentionSavingSAC: "every second matmul recomputed"}.get(
+                    type(policy), f"{type(policy).__qualname__}'s own policy")
+        logger.info(f"Selective AC under --compile.memory_policy {memory_policy}: {what}")
 
 
 def check_memory_policy(ac_config, memory_policy: str) -> None:

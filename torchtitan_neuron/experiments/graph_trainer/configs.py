@@ -3,8 +3,9 @@
 It turns a base Trainer recipe into a GraphTrainer recipe whose compile
 settings are the base's (``enable``, ``components``, ``backend``) with the mode
 fixed to ``jit``, the only mode SimpleFSDP supports on Neuron in this release,
-and torchtitan's text loader replaced by the layout-invariant one
-(``torchtitan_neuron.data``) with the same settings.
+torchtitan's text loader replaced by the layout-invariant one
+(``torchtitan_neuron.data``) with the same settings, and this project's
+metrics processor and checkpoint manager (``trainer.neuron_components``).
 """
 
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from torchtitan_neuron.experiments.graph_trainer.trainer import (
     NeuronCompileConfig,
     NeuronGraphTrainer,
 )
-from torchtitan_neuron.trainer import neuron_compile_config
+from torchtitan_neuron.trainer import neuron_compile_config, neuron_components
 
 
 def neuron_simple_fsdp(
@@ -59,6 +60,7 @@ def neuron_simple_fsdp(
     config = promote(graph_config, NeuronGraphTrainer.Config)
     if options is not None:
         config.model = options
+    neuron_components(config)
     return config
 
 
