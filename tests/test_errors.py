@@ -278,7 +278,7 @@ def test_trainium_recipe_on_a_cpu_host_is_refused_with_both_figures():
     """The tutorial's trn2 command pasted on a CPU host: each rank's sharded
     state (fp32 parameters, gradients, AdamW moments) is set against the host
     memory per rank, and the message names the CPU twin and the planner."""
-    from torchtitan_neuron.host_memory_check import check_host_memory, parameter_count
+    from torchtitan_neuron.preflight.host_memory import check_host_memory, parameter_count
 
     config = ConfigManager().parse_args(
         ["--module", LLAMA, "--config", "simple_fsdp_llama3_8b_fullac"])

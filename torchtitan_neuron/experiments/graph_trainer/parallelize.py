@@ -38,7 +38,7 @@ from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import (
     reshard_after_forward,
 )
 from torchtitan_neuron.experiments.graph_trainer.bucketing import DEFAULT_BUCKET_MIB, bucket_blocks
-from torchtitan_neuron.model_layout import divisors
+from torchtitan_neuron.preflight.model_layout import divisors
 from torchtitan_neuron.experiments.graph_trainer.prefetch import enable_prefetch
 
 

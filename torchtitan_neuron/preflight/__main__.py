@@ -1,0 +1,3 @@
+from torchtitan_neuron.preflight.checks import main
+
+main()

@@ -1,0 +1,140 @@
+"""The layout a run asks for fits its ranks: NGPU against the devices
+present, torchtitan's ``ParallelDims`` refusals translated into the flags to
+change, the model's own constraints (``model_layout``), the sequence length
+and the batch arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+
+from torchtitan_neuron.preflight.errors import PreflightError
+from torchtitan_neuron.preflight.model_layout import model_layout_refusal
+
+
+def check_ngpu(ngpu: int, platform_name: str, devices: int | None,
+               cpu_cores: int | None = None) -> str | None:
+    """Refuse more ranks than devices; on CPU return a note when ranks
+    outnumber cores."""
+    if ngpu < 1:
+        raise PreflightError(f"NGPU={ngpu}: the number of ranks must be at least 1.")
+    if platform_name == "cpu":
+        cores = cpu_cores or os.cpu_count() or 1
+        if ngpu > cores:
+            return (f"NGPU={ngpu} CPU ranks on {cores} cores: ranks share cores "
+                    "(oversubscribed), so steps are slower; results are the same.")
+        return None
+    if devices is not None and ngpu > devices:
+        kind = "NeuronCores" if platform_name == "neuron" else "GPUs"
+        tool = "neuron-ls" if platform_name == "neuron" else "nvidia-smi"
+        raise PreflightError(
+            f"NGPU={ngpu} but this host has {devices} {kind} (see {tool}): the "
+            f"missing ranks would wait forever. Set NGPU={devices} or fewer."
+        )
+    return None
+
+
+# torchtitan's ParallelDims names each degree by its field; these are the
+# flags that set them.
+_DEGREE_FLAGS = {
+    "dp_replicate": "--parallelism.data_parallel_replicate_degree",
+    "cp": "--parallelism.context_parallel_degree",
+    "tp": "--parallelism.tensor_parallel_degree",
+    "pp": "--parallelism.pipeline_parallel_degree",
+    "ep": "--parallelism.expert_parallel_degree",
+}
+# The degrees whose product, with dp_shard, must be the number of ranks.
+_MESH_DEGREES = ("dp_replicate", "cp", "tp", "pp")
+
+
+def _translate_parallel_dims(p, world: int, who: str, exc: AssertionError) -> PreflightError:
+    """torchtitan's ParallelDims refused the degrees (an assert with its own
+    field names): say which flag is wrong and what to set instead."""
+    degrees = {
+        "dp_replicate": p.data_parallel_replicate_degree,
+        "cp": p.context_parallel_degree,
+        "tp": p.tensor_parallel_degree,
+        "pp": p.pipeline_parallel_degree,
+        "ep": p.expert_parallel_degree,
+    }
+    for name, degree in degrees.items():
+        if degree < 1:
+            return PreflightError(
+                f"{_DEGREE_FLAGS[name]} {degree}: a parallel degree is at least 1."
+            )
+    dp_shard = p.data_parallel_shard_degree
+    if dp_shard != -1 and dp_shard < 1:
+        return PreflightError(
+            f"--parallelism.data_parallel_shard_degree {dp_shard}: use -1 (every "
+            "rank the other degrees leave) or a degree of at least 1."
+        )
+    product = 1
+    for name in _MESH_DEGREES:
+        product *= degrees[name]
+    named = " x ".join(f"{_DEGREE_FLAGS[n]} {degrees[n]}" for n in _MESH_DEGREES
+                       if degrees[n] > 1) or "1"
+    if dp_shard == -1:
+        return PreflightError(
+            f"{who} is not divisible by {named} = {product}: the "
+            "data-parallel shard degree (-1, the rest) would not be whole. "
+            f"Use NGPU a multiple of {product}, or degrees whose product "
+            f"divides {world}."
+        )
+    if product * dp_shard != world:
+        return PreflightError(
+            f"{named} x --parallelism.data_parallel_shard_degree {dp_shard} = "
+            f"{product * dp_shard} ranks, but {who}. Set "
+            "--parallelism.data_parallel_shard_degree=-1 to shard over the rest, "
+            f"or NGPU={product * dp_shard}."
+        )
+    # A refusal this translation does not know: upstream's own words.
+    return PreflightError(f"torchtitan's ParallelDims refused the layout for {who}: {exc}")
+
+
+def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
+    """The parallel degrees, sequence length and batch sizes fit NGPU ranks.
+    Returns the resolved layout. ``ngpu`` is ranks per node; the layout
+    spans ``ngpu x nnodes``.
+
+    The degrees are validated by torchtitan's own ``ParallelDims`` (what
+    every rank builds), whose refusals are asserts in its field names; they
+    are translated here into the flags to change.
+    """
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    world = ngpu * nnodes
+    who = f"NGPU={ngpu}" if nnodes == 1 else f"NGPU={ngpu} x NNODES={nnodes} = {world} ranks"
+    p, t = config.parallelism, config.training
+    try:
+        dims = ParallelDims.from_config(p, world)
+    except AssertionError as exc:
+        raise _translate_parallel_dims(p, world, who, exc) from None
+    refusal = model_layout_refusal(config, dims.tp, dims.ep, dims.dp_shard)
+    if refusal:
+        raise PreflightError(refusal)
+    divisor = dims.seq_len_divisor
+    # Only tensor or context parallelism split a sequence (divisor 2 alone is
+    # the CP load-balancing factor with no CP).
+    if divisor > 2 and t.seq_len % divisor:
+        fix = -(-t.seq_len // divisor) * divisor
+        raise PreflightError(
+            f"--training.seq_len {t.seq_len} is not divisible by {divisor} "
+            f"(2 x tensor-parallel degree {dims.tp} x context-parallel degree {dims.cp}: "
+            "sequence parallelism splits each sequence across the TP ranks). "
+            f"Use --training.seq_len {fix}, or another multiple of {divisor}."
+        )
+    if t.local_batch_size < 1:
+        raise PreflightError(f"--training.local_batch_size {t.local_batch_size}: at least 1.")
+    # torchtitan's Trainer asserts this after building the mesh, on every rank.
+    dp = dims.dp_replicate * dims.dp_shard
+    per_step = t.local_batch_size * dp
+    if t.global_batch_size > 0 and t.global_batch_size % per_step:
+        lower = max(per_step, t.global_batch_size // per_step * per_step)
+        raise PreflightError(
+            f"--training.global_batch_size {t.global_batch_size} is not a multiple "
+            f"of --training.local_batch_size {t.local_batch_size} x data-parallel "
+            f"degree {dp} = {per_step} sequences per accumulation step. Use "
+            f"--training.global_batch_size {lower} or {lower + per_step}, or "
+            "another multiple."
+        )
+    return {"tp": dims.tp, "dp_shard": dims.dp_shard, "dp": dp}
