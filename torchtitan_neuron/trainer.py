@@ -172,10 +172,41 @@ def neuron_components(config) -> None:
 
 
 class NeuronTrainerMixin:
+    """What every Neuron recipe's trainer adds to torchtitan's: the config
+    prepared before the build, the pieces wired after it, and the step
+    guarded (the module docstring lists each)."""
+
     def __init__(self, config, *, step_hook: StepHook | None = None):
-        self.step_hook = step_hook = step_hook or StepHook()
+        self.step_hook = step_hook or StepHook()
+        self._documents_noted = False
+        self._prepare(config)
+        seed = config.debug.seed
+        with layout_invariant_init(seed):
+            super().__init__(config)
+        if seed is not None:
+            logger.info(
+                f"Initial weights drawn per parameter from seed {seed}, "
+                "independent of the parallel layout"
+            )
+        _force_sum_reductions_on_gloo(self.model_parts)
+        self._open_hf_doors()
+        self._clip_then_check = self._guarded(self._gradient_clipping())
+        if isinstance(self.metrics_processor, NeuronMetricsProcessor):
+            self.metrics_processor.grad_accum_steps = self.gradient_accumulation_steps
+        self._step_loss: torch.Tensor | None = None
+        self._compile_progress = None
+        self._measure_step = int(os.environ.get(MEASURE_MEMORY_ENV, "0") or 0)
+        self._tracker = None
+        if self._measure_step > 0:
+            self._tracker = StorageTracker()
+            instrument(self, self._tracker)
+
+    def _prepare(self, config) -> None:
+        """The config, before torchtitan builds anything from it: this
+        project's components, the platform installed, the compile backend
+        resolved, the model options applied."""
         neuron_components(config)
-        if not step_hook.read_values:
+        if not self.step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
         devices.install()
         resolve_compile_backend(config.compile)
@@ -190,37 +221,20 @@ class NeuronTrainerMixin:
             config.model_spec.model, options,
             cp_degree=config.parallelism.context_parallel_degree,
         )
-        self._documents_noted = False
-        seed = config.debug.seed
-        with layout_invariant_init(seed):
-            super().__init__(config)
-        if seed is not None:
-            logger.info(
-                f"Initial weights drawn per parameter from seed {seed}, "
-                "independent of the parallel layout"
-            )
-        _force_sum_reductions_on_gloo(self.model_parts)
-        self._open_hf_doors()
+
+    def _gradient_clipping(self):
+        """torch.compile'd clipping when ``grad_clip`` is a compile component
+        (a step hook may swap in its own tracing of the same function), else
+        torchtitan's eager one."""
         compile_config = self.config.compile
-        # torch.compile'd clipping when ``grad_clip`` is a compile component
-        # (a step hook may swap in its own tracing of the same function).
         self.compiled_clip = None
-        clip = dist_utils.clip_grad_norm_
-        if compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components:
-            self.compiled_clip = clip = compile_grad_clip(compile_config.backend)
-            logger.info("Compiling gradient-norm clipping with torch.compile")
-            if step_hook.wrap_clip is not None:
-                clip = step_hook.wrap_clip(self.compiled_clip)
-        self._clip_then_check = self._guarded(clip)
-        self._step_loss: torch.Tensor | None = None
-        if isinstance(self.metrics_processor, NeuronMetricsProcessor):
-            self.metrics_processor.grad_accum_steps = self.gradient_accumulation_steps
-        self._compile_progress = None
-        self._measure_step = int(os.environ.get(MEASURE_MEMORY_ENV, "0") or 0)
-        self._tracker = None
-        if self._measure_step > 0:
-            self._tracker = StorageTracker()
-            instrument(self, self._tracker)
+        if not (compile_config.enable and GRAD_CLIP_COMPONENT in compile_config.components):
+            return dist_utils.clip_grad_norm_
+        self.compiled_clip = compile_grad_clip(compile_config.backend)
+        logger.info("Compiling gradient-norm clipping with torch.compile")
+        if self.step_hook.wrap_clip is not None:
+            return self.step_hook.wrap_clip(self.compiled_clip)
+        return self.compiled_clip
 
     def _open_hf_doors(self) -> None:
         """The Hugging Face hand-off on export and the tolerant import."""
