@@ -72,7 +72,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import REPO, Run, launch  # noqa: E402
 
 GT = "torchtitan_neuron.experiments.graph_trainer"

@@ -44,10 +44,7 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import MODELS  # noqa: E402
 

@@ -12,9 +12,7 @@ and warm/cold. Takes about 3 minutes here.
 import argparse
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import launch  # noqa: E402
 
 

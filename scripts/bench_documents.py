@@ -16,9 +16,7 @@ import argparse
 import re
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import launch  # noqa: E402
 
 RECIPES = [

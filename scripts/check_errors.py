@@ -20,7 +20,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import (DEBUG_CONFIG as DEBUG, LLAMA_MODULE as LLAMA, Run,  # noqa: E402
                     ctrl_c, free_port, run_command, torchrun, train_env)
 

@@ -31,7 +31,6 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import run_command  # noqa: E402
 
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")

@@ -17,7 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan import cell_flags, cells  # noqa: E402
 from runlog import run_command  # noqa: E402
 

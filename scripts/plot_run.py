@@ -30,7 +30,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runlog import Run, strip_ansi  # noqa: E402
 
 SUMMARY = "run_summary.json"

@@ -153,16 +153,16 @@ def differences():
         sinks = torch.randn(t.HQ, dtype=torch.float64, generator=t.seeded(2))
         weight = torch.randn(t.B, seq, t.HQ, t.DH, dtype=torch.float64, generator=t.seeded(3))
         starts = t.starts_for(seq)
-        want = t._grads(t.naive, q, k, v, sinks, window, starts, weight)
-        g64 = [t.rel(a, b) for a, b in zip(t._grads(t.ours, q, k, v, sinks, window, starts, weight), want)]
+        want = t.reference_grads(t.naive, q, k, v, sinks, window, starts, weight)
+        g64 = [t.rel(a, b) for a, b in zip(t.reference_grads(t.ours, q, k, v, sinks, window, starts, weight), want)]
         low = [x.float() for x in (q, k, v, sinks, weight)]
         g32 = [t.rel(a.double(), b)
-               for a, b in zip(t._grads(t.ours, *low[:4], window, starts, low[4]), want)]
+               for a, b in zip(t.reference_grads(t.ours, *low[:4], window, starts, low[4]), want)]
         print(f"gradients q, k, v, sinks, window {window}: float64 max {max(g64):.1e}, "
               f"float32 max {max(g32):.1e} (relative to the float64 reference)")
     worst = 0.0
     for layer, docs in itertools.product((0, 1), (False, True)):
-        flex, converted = t._debug_attention_configs()
+        flex, converted = t.debug_attention_configs()
         torch.manual_seed(0)
         upstream = flex.layers[layer].attention.build()
         upstream.init_states()
@@ -185,11 +185,11 @@ def model_figures():
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype")
     seq = 64
-    tokens = t._tokens(t.B, seq)
+    tokens = t.token_batch(t.B, seq)
     worst = 0.0
     for docs in (False, True):
-        flex = t._build(t.small_gpt_oss(2))
-        model = t._build(use_sdpa_sink_model(t.small_gpt_oss(2)), state=flex.state_dict())
+        flex = t.build_model(t.small_gpt_oss(2))
+        model = t.build_model(use_sdpa_sink_model(t.small_gpt_oss(2)), state=flex.state_dict())
         starts = t.starts_for(seq) if docs else None
         flex_masks = {"basic_mask": t.flex_block_mask(seq, None, starts),
                       "sliding_window_mask": t.flex_block_mask(seq, t.SMALL_WINDOW, starts)}
@@ -201,15 +201,15 @@ def model_figures():
           f"float32, causal and documents: max relative {worst:.1e}")
 
     config = use_sdpa_sink_model(t.small_gpt_oss(2))
-    reference = t._build(config)
+    reference = t.build_model(config)
     state = reference.state_dict()
     masks = t.block_causal_mask(t.starts_for(seq))
     with torch.no_grad():
         expected = reference(tokens, attention_masks=masks)
     for kind in ("cast", "autocast", "simple_fsdp", "fsdp2"):
-        actual, _ = t._bf16_logits(kind, config, state, tokens, masks)
+        actual, _ = t.bf16_logits(kind, config, state, tokens, masks)
         print(f"model in bfloat16 ({kind}) vs float32, documents: relative {t.rel(actual, expected):.1e}")
-    flex = t._build(t.small_gpt_oss(2), state=state)
+    flex = t.build_model(t.small_gpt_oss(2), state=state)
     flex_masks = {"basic_mask": t.flex_block_mask(seq, None, t.starts_for(seq)),
                   "sliding_window_mask": t.flex_block_mask(seq, t.SMALL_WINDOW, t.starts_for(seq))}
     with torch.no_grad():
@@ -221,11 +221,11 @@ def model_figures():
     seq = 1024
     for docs in (False, True):
         for n_layers in (2, 4):
-            shared = t._large_floats(t._build(use_sdpa_sink_model(t.small_gpt_oss(n_layers))),
+            shared = t.large_floats(t.build_model(use_sdpa_sink_model(t.small_gpt_oss(n_layers))),
                                      seq, docs)
             upstream_config = t.small_gpt_oss(n_layers)
             use_sdpa_sink_attention(upstream_config)
-            per_layer = t._large_floats(t._build(upstream_config), seq, docs)
+            per_layer = t.large_floats(t.build_model(upstream_config), seq, docs)
             print(f"float tensors >= S*S made by forward+backward, S {seq}, {n_layers} layers, "
                   f"documents {docs}: shared {len(shared)}, upstream's model class {len(per_layer)} "
                   f"({sorted(set(shared + per_layer))})")

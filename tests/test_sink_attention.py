@@ -212,7 +212,7 @@ def test_forward_equals_upstream_flex(eager_flex, window, seq_len, random_sinks,
     assert rel(naive(q, k, v, sinks, window, starts), expected) < FP32_RTOL
 
 
-def _grads(fn, q, k, v, sinks, window, starts, weight):
+def reference_grads(fn, q, k, v, sinks, window, starts, weight):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
     (fn(*leaves, window, starts) * weight).sum().backward()
     return [t.grad for t in leaves]
@@ -224,15 +224,15 @@ def test_gradients_equal_naive_reference(window, seq_len):
     sinks = torch.randn(HQ, dtype=torch.float64, generator=seeded(2))
     weight = torch.randn(B, seq_len, HQ, DH, dtype=torch.float64, generator=seeded(3))
     starts = starts_for(seq_len)
-    expected = _grads(naive, q, k, v, sinks, window, starts, weight)
-    for got, want in zip(_grads(ours, q, k, v, sinks, window, starts, weight), expected):
+    expected = reference_grads(naive, q, k, v, sinks, window, starts, weight)
+    for got, want in zip(reference_grads(ours, q, k, v, sinks, window, starts, weight), expected):
         assert rel(got, want) < FP64_RTOL
     low = [t.float() for t in (q, k, v, sinks, weight)]
-    for got, want in zip(_grads(ours, *low[:4], window, starts, low[4]), expected):
+    for got, want in zip(reference_grads(ours, *low[:4], window, starts, low[4]), expected):
         assert rel(got.double(), want) < FP32_RTOL
 
 
-def _debug_attention_configs():
+def debug_attention_configs():
     """Layer 0 (window 128) and layer 1 (full) of upstream's debug model with
     Flex, and the same layers converted."""
     flex = model_registry("debugmodel", attn_backend="flex").model
@@ -244,7 +244,7 @@ def _debug_attention_configs():
 @pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
 @pytest.mark.parametrize("layer", [0, 1], ids=["window_layer", "full_layer"])
 def test_module_equals_upstream_attention(eager_flex, layer, documents):
-    flex, converted = _debug_attention_configs()
+    flex, converted = debug_attention_configs()
     torch.manual_seed(0)
     upstream = flex.layers[layer].attention.build()
     upstream.init_states()
@@ -374,7 +374,7 @@ def _capture_graphs():
 
 @pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
 def test_compiles_in_one_graph_with_the_mask_inside(documents):
-    _, converted = _debug_attention_configs()
+    _, converted = debug_attention_configs()
     torch.manual_seed(0)
     module = converted.layers[0].attention.build()
     module.init_states()
@@ -402,7 +402,7 @@ def test_compiles_in_one_graph_with_the_mask_inside(documents):
 def test_compiles_with_the_shared_mask_as_its_input():
     """The model's additive mask goes to SDPA as it is: in the graph it is an
     input, and nothing builds or converts a mask."""
-    _, converted = _debug_attention_configs()
+    _, converted = debug_attention_configs()
     torch.manual_seed(0)
     module = converted.layers[0].attention.build()  # window 128
     module.init_states()
@@ -576,7 +576,7 @@ def quiet_router():
         yield
 
 
-def _build(config, seed=0, state=None):
+def build_model(config, seed=0, state=None):
     torch.manual_seed(seed)
     model = config.build()
     model.init_states()
@@ -589,18 +589,18 @@ def _build(config, seed=0, state=None):
     return model
 
 
-def _tokens(batch, seq, seed=7):
+def token_batch(batch, seq, seed=7):
     return torch.randint(0, 256, (batch, seq), generator=seeded(seed))
 
 
 @pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
 def test_model_equals_upstream_flex_model(eager_flex, quiet_router, documents):
     seq = 64
-    flex = _build(small_gpt_oss(2))
+    flex = build_model(small_gpt_oss(2))
     assert type(flex) is GptOssModel
-    model = _build(use_sdpa_sink_model(small_gpt_oss(2)), state=flex.state_dict())
+    model = build_model(use_sdpa_sink_model(small_gpt_oss(2)), state=flex.state_dict())
     assert type(model) is SdpaSinkGptOssModel and model.sliding_window_size == SMALL_WINDOW
-    tokens = _tokens(B, seq)
+    tokens = token_batch(B, seq)
     starts = starts_for(seq) if documents else None
     flex_masks = {"basic_mask": flex_block_mask(seq, None, starts),
                   "sliding_window_mask": flex_block_mask(seq, SMALL_WINDOW, starts)}
@@ -611,10 +611,10 @@ def test_model_equals_upstream_flex_model(eager_flex, quiet_router, documents):
     assert rel(actual, expected) < FP32_RTOL
 
 
-def _large_floats(model, seq, documents):
+def large_floats(model, seq, documents):
     """(op, shape, dtype) of every float tensor of seq * seq elements or more
     made by one forward and backward (batch 1)."""
-    tokens = _tokens(1, seq)
+    tokens = token_batch(1, seq)
     masks = block_causal_mask(starts_for(seq)[:1]) if documents else None
     with LargeFloats(seq * seq) as seen:
         model(tokens, attention_masks=masks).float().square().mean().backward()
@@ -627,20 +627,20 @@ def test_masks_are_built_once_per_forward(quiet_router, documents):
     seq = 1024
     mask = ("aten.where", (1, 1, seq, seq + 1), torch.float32)
     for n_layers in (2, 4):
-        model = _build(use_sdpa_sink_model(small_gpt_oss(n_layers)))
+        model = build_model(use_sdpa_sink_model(small_gpt_oss(n_layers)))
         # The two shared masks (full and window), whatever the depth.
-        assert _large_floats(model, seq, documents) == [mask, mask], n_layers
+        assert large_floats(model, seq, documents) == [mask, mask], n_layers
     # Upstream's model class with the converted layers: SDPA's additive copy
     # of each layer's boolean mask, one per layer (what the model removes).
     config = small_gpt_oss(4)
     use_sdpa_sink_attention(config)
-    assert _large_floats(_build(config), seq, documents) == [mask] * 4
+    assert large_floats(build_model(config), seq, documents) == [mask] * 4
 
 
-def _bf16_logits(kind, config, state, tokens, masks):
+def bf16_logits(kind, config, state, tokens, masks):
     """Logits of ``config`` on ``state`` run in bfloat16 the ``kind`` way;
     the masks each layer got, from a hook on every layer."""
-    model = _build(config, state=state)
+    model = build_model(config, state=state)
     got = []
     for layer in model.layers.values():
         layer.register_forward_pre_hook(lambda mod, args: got.append(args[1]))
@@ -685,13 +685,13 @@ def _bf16_logits(kind, config, state, tokens, masks):
 def test_bf16_model_matches_fp32(quiet_router, kind):
     seq = 64
     config = use_sdpa_sink_model(small_gpt_oss(2))
-    reference = _build(config)
+    reference = build_model(config)
     state = reference.state_dict()
-    tokens = _tokens(B, seq)
+    tokens = token_batch(B, seq)
     masks = block_causal_mask(starts_for(seq))
     with torch.no_grad():
         expected = reference(tokens, attention_masks=masks)
-    actual, got = _bf16_logits(kind, config, state, tokens, masks)
+    actual, got = bf16_logits(kind, config, state, tokens, masks)
     # Every layer got the same two masks, built in bfloat16 (the dtype of
     # q: SinkSDPA refuses any other).
     assert len(got) == 2 and all(got[0][k] is got[1][k] for k in got[0])
