@@ -5,7 +5,10 @@ TP2 x FSDP2 through run_train.sh (finite, falling loss) with the same per-step
 losses as 1 rank over 3 steps (fp32, same seed and data, within 1e-4; both
 with block-causal attention, so documents stay isolated through MLA), prints
 the expert load imbalance each step, and its expert biases move between
-steps; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
+steps; under expert parallelism (EP2 x FSDP4 on 4 ranks, experts sharded
+over EP and expert-FSDP, tokens dispatched by all-to-all inside the compiled
+step) it gives the 1-rank losses over 6 steps within 1e-5 relative and still
+prints the balance line; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
 as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
 test_correctness.py).
 
@@ -59,6 +62,25 @@ def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp
     assert all(i >= 1.0 for _, i, _ in balance)
     spreads = [b for _, _, b in balance]
     assert spreads[0] > 0 and len(set(spreads)) > 1, spreads  # biases move every step
+
+
+def test_simple_fsdp_deepseek_ep2_fsdp_matches_one_rank(tmp_path):
+    recipe = f"PREFLIGHT=0 MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
+    proc = run_command(
+        [sys.executable, "scripts/loss_compare.py", "--steps", "6", "--rtol", "1e-5",
+         "--out", str(tmp_path),
+         "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
+         "--b", f"NGPU=4 {recipe} --parallelism.tensor_parallel_degree 1 "
+                "--parallelism.expert_parallel_degree 2",
+         "--", "--training.global_batch_size", "8"],
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.output[-4000:]
+    assert float(re.search(r"max_rel_diff=(\S+)", proc.output)[1]) <= 1e-5
+    result = Run(0, (tmp_path / "b.log").read_text())
+    _finite_and_falling(result, 6)
+    assert "dp_shard=4, cp=1, tp=1, ep=2" in result.output
+    assert [int(s) for s, _, _ in _BALANCE.findall(result.output)] == list(range(1, 7))
 
 
 @pytest.mark.parametrize(

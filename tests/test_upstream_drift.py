@@ -229,6 +229,12 @@ PINNED: dict[str, dict[str, str]] = {
             "953f4e9dbd51471a",
         "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save": "4688af5aa781414f",
     },
+    "cuda-graphs-off-cuda": {
+        "torchtitan.trainer:Trainer.Config._validate_cuda_graphs": "82fa664ba0b27468",
+    },
+    "ep-experts-before-ac": {
+        "torchtitan.experiments.graph_trainer.common_utils:apply_simple_fsdp": "ac3da2d32b8ace0a",
+    },
     "simple-fsdp-uneven-tp": {
         # The gather that re-wraps the FSDP shard with from_local (the wrong
         # size when uneven), the loop body copied for one module, the private

@@ -171,6 +171,18 @@ def neuron_components(config) -> None:
         config.checkpoint = promote(config.checkpoint, NeuronCheckpointManager.Config)
 
 
+def cuda_graphs_apply(config) -> bool:
+    """Whether torchtitan's CUDA-graph checks apply: only on CUDA.
+
+    ``Trainer.Config._validate_cuda_graphs`` refuses pipeline parallelism and
+    expert parallelism's synchronizing token dispatch unless
+    ``--training.disable_cuda_graphs`` is set, on any platform; off CUDA
+    torchtitan never captures a graph (``wrap_with_cuda_graph`` runs the step
+    as it is), and the flag would change ``zero_grad`` to free the gradients
+    every step. The refusal is skipped where no graph is captured."""
+    return devices.detect().name == "cuda"
+
+
 class NeuronTrainerMixin:
     """What every Neuron recipe's trainer adds to torchtitan's: the config
     prepared before the build, the pieces wired after it, and the step
@@ -392,3 +404,7 @@ class NeuronTrainer(NeuronTrainerMixin, Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
         model: ModelOptions = field(default_factory=ModelOptions)
+
+        def _validate_cuda_graphs(self) -> None:
+            if cuda_graphs_apply(self):
+                Trainer.Config._validate_cuda_graphs(self)

@@ -34,6 +34,21 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+def refuse_unplannable(config) -> None:
+    """Layouts the planner cannot trace yet, refused before tracing starts."""
+    from torchtitan_neuron.preflight import PreflightError
+
+    ep = config.parallelism.expert_parallel_degree
+    if ep > 1:
+        raise PreflightError(
+            f"--parallelism.expert_parallel_degree {ep}: the planner does not plan "
+            "expert parallelism yet. Its token all-to-all has split sizes that "
+            "depend on the routing, which a step traced on FakeTensors has no "
+            "values for. Plan the layout without the flag (the experts then "
+            "shard over FSDP), or measure an EP run with "
+            "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
+
+
 def main(argv: list[str] | None = None) -> int:
     opts, overrides = parse(argv)
 
@@ -47,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     init_logger()
     try:
         config = checked_config(opts, overrides)
+        refuse_unplannable(config)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -29,6 +29,7 @@ from torchtitan.experiments.graph_trainer.simple_fsdp import (
     ReplicateComputation,
     _distribute_dtensor,
     _register_parametrization,
+    data_parallel,
 )
 from torchtitan.tools.logging import logger
 
@@ -67,6 +68,7 @@ def parallelize_simple_fsdp(
     annotate(model)
     if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
         model.parallelize(parallel_dims)
+    shard_experts_over_efsdp(model, parallel_dims=parallel_dims, training=training)
     apply_activation_checkpointing(model, ac_config, dump_folder,
                                    getattr(compile_config, "memory_policy", "default"))
     replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
@@ -109,6 +111,41 @@ def parallelize_simple_fsdp(
         parallel_dims=parallel_dims,
         dump_folder=dump_folder,
     )
+
+
+def shard_experts_over_efsdp(model: nn.Module, *, parallel_dims, training) -> int:
+    """Under expert parallelism, shard each MoE layer's experts over the
+    expert-FSDP mesh (``efsdp``), as upstream's ``apply_simple_fsdp`` does,
+    before activation checkpointing wraps the blocks.
+
+    ``apply_simple_fsdp`` finds the experts through ``TransformerBlock``
+    instances; here AC has wrapped each block by then, so it would miss
+    them, and its whole-model pass would then shard the EP-sharded experts
+    again over ``fsdp``, which overlaps ``ep`` ("Cannot concatenate
+    overlapping meshes"). Sharded here, the experts' class is a SimpleFSDP
+    one, which every later pass skips. Returns the MoE layers sharded."""
+    if not parallel_dims.ep_enabled:
+        return 0
+    names = ["dp_replicate", "efsdp"] if parallel_dims.dp_replicate_enabled else ["efsdp"]
+    edp_mesh = parallel_dims.get_optional_mesh(names)
+    mode = "hybrid_shard" if parallel_dims.dp_replicate_enabled else "fully_shard"
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+    )
+    sharded = 0
+    for block in getattr(model, "layers", {}).values():
+        moe = getattr(block, "moe", None)
+        if moe is None:
+            continue
+        experts = moe.routed_experts.inner_experts
+        # Upstream's rule: shard the experts' own dim when there are fewer
+        # experts than expert-FSDP x EP ranks.
+        dim = 1 if edp_mesh["efsdp"].size() * parallel_dims.ep > experts.num_experts else 0
+        moe.routed_experts.inner_experts = data_parallel(
+            experts, edp_mesh, mode, mp_policy=mp_policy, shard_dim=dim)
+        sharded += 1
+    return sharded
 
 
 # The most elements per TP rank a module's own parameters may hold and still

@@ -23,7 +23,7 @@ from torchtitan_neuron.experiments.graph_trainer.bucketing import (
     DEFAULT_BUCKET_MIB,
     require_positive_bound,
 )
-from torchtitan_neuron.trainer import NeuronTrainerMixin
+from torchtitan_neuron.trainer import NeuronTrainerMixin, cuda_graphs_apply
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,3 +97,7 @@ class NeuronGraphTrainer(NeuronTrainerMixin, GraphTrainer):
             require_jit_mode(self.compile)
             check_memory_policy(self.activation_checkpoint, self.compile.memory_policy)
             require_positive_bound(getattr(self.compile, "bucket_mib", DEFAULT_BUCKET_MIB))
+
+        def _validate_cuda_graphs(self) -> None:
+            if cuda_graphs_apply(self):
+                GraphTrainer.Config._validate_cuda_graphs(self)
