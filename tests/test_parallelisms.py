@@ -6,7 +6,9 @@ and expert parallelism's synchronizing token dispatch unless
 ``--training.disable_cuda_graphs``) apply on CUDA only, where a graph is
 captured; elsewhere the EP and PP flags parse as a user types them, for the
 plain and the SimpleFSDP recipes, and on CUDA upstream's refusal stands.
-The planner refuses expert parallelism before tracing, with the reason.
+The planner refuses expert parallelism before tracing, with the reason, and
+the preflight refuses pipeline stages on a SimpleFSDP recipe (GraphPP runs in
+aot_fx_trace mode only).
 The EP runs themselves are in tests/test_deepseek.py (slow tier).
 
 Tier: fast.
@@ -63,3 +65,15 @@ def test_the_planner_refuses_expert_parallelism_before_tracing(capsys):
     assert code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--parallelism.expert_parallel_degree 8: the planner does not plan expert parallelism yet" in err
+
+
+def test_the_preflight_refuses_pipeline_stages_on_a_simple_fsdp_recipe():
+    # graph_trainer's GraphPP runs in aot_fx_trace mode only; these recipes are jit.
+    from torchtitan_neuron.preflight import PreflightError, check_layout
+
+    config = _parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "2")
+    with pytest.raises(PreflightError, match=r"--parallelism.pipeline_parallel_degree 2: this "
+                       r"SimpleFSDP recipe pipelines with graph_trainer's GraphPP, which "
+                       r"torchtitan 0.3.0 runs only in aot_fx_trace mode"):
+        check_layout(config, 4)
+    check_layout(_parse(LLAMA_SIMPLE_FSDP), 4)  # no PP: the same recipe passes

@@ -229,6 +229,10 @@ PINNED: dict[str, dict[str, str]] = {
             "953f4e9dbd51471a",
         "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save": "4688af5aa781414f",
     },
+    "graph-pp-jit": {
+        "torchtitan.experiments.graph_trainer.graph_pp.pipeline:_validate_graph_pp_config":
+            "6a6a47dd5d8985ad",
+    },
     "cuda-graphs-off-cuda": {
         "torchtitan.trainer:Trainer.Config._validate_cuda_graphs": "82fa664ba0b27468",
     },

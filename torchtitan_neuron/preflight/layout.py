@@ -91,6 +91,29 @@ def _translate_parallel_dims(p, world: int, who: str, exc: AssertionError) -> Pr
     return PreflightError(f"torchtitan's ParallelDims refused the layout for {who}: {exc}")
 
 
+def pipeline_refusal(config, pp: int) -> str | None:
+    """Why ``pp`` pipeline stages cannot run on this recipe, or None.
+
+    A SimpleFSDP recipe's spec pipelines with graph_trainer's GraphPP
+    (``graph_pipeline_llm``), which torchtitan 0.3.0 runs only in
+    ``aot_fx_trace`` mode (graph_pp/pipeline.py, ``_validate_graph_pp_config``);
+    these recipes run in jit mode, so every rank would stop there after
+    building its mesh."""
+    if pp <= 1:
+        return None
+    pipelining = getattr(config.model_spec, "pipelining_fn", None)
+    mode = getattr(config.compile, "mode", None)
+    if getattr(pipelining, "__name__", "") == "graph_pipeline_llm" and mode == "jit":
+        return (
+            f"--parallelism.pipeline_parallel_degree {pp}: this SimpleFSDP recipe "
+            "pipelines with graph_trainer's GraphPP, which torchtitan 0.3.0 runs only "
+            "in aot_fx_trace mode, and SimpleFSDP recipes run in jit mode. Drop the "
+            "flag and shard over more ranks (--parallelism.data_parallel_shard_degree "
+            "-1), or plan the layout with python -m torchtitan_neuron.plan --sweep."
+        )
+    return None
+
+
 def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
     """The parallel degrees, sequence length and batch sizes fit NGPU ranks.
     Returns the resolved layout. ``ngpu`` is ranks per node; the layout
@@ -109,7 +132,8 @@ def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
         dims = ParallelDims.from_config(p, world)
     except AssertionError as exc:
         raise _translate_parallel_dims(p, world, who, exc) from None
-    refusal = model_layout_refusal(config, dims.tp, dims.ep, dims.dp_shard)
+    refusal = (pipeline_refusal(config, dims.pp)
+               or model_layout_refusal(config, dims.tp, dims.ep, dims.dp_shard))
     if refusal:
         raise PreflightError(refusal)
     divisor = dims.seq_len_divisor
