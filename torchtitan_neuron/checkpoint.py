@@ -18,7 +18,8 @@ save of that step. Remote folders (``s3://``...) keep torchtitan's
 behaviour: there, ``.metadata`` written last is the completion marker.
 
 It has two doors for the Hugging Face hand-off, which the trainer opens
-(``torchtitan_neuron.hf.install_export``):
+(``NeuronTrainerMixin._open_hf_doors``, with ``torchtitan_neuron.hf``'s
+``export_hand_off`` and ``unexpressed_import_skip``):
 
 - ``hf_hand_off(folder)``: what a Hugging Face export (``to_hf``) also gets
   before the rename (config.json and the tokenizer files), on rank 0;

@@ -17,9 +17,8 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from torchtitan.components.metrics import BaseLogger, MetricsProcessor
 from torchtitan.tools.logging import logger
