@@ -171,7 +171,7 @@ def neuron_components(config) -> None:
         config.checkpoint = promote(config.checkpoint, NeuronCheckpointManager.Config)
 
 
-def cuda_graphs_apply(config) -> bool:
+def cuda_graphs_apply() -> bool:
     """Whether torchtitan's CUDA-graph checks apply: only on CUDA.
 
     ``Trainer.Config._validate_cuda_graphs`` refuses pipeline parallelism and
@@ -406,5 +406,5 @@ class NeuronTrainer(NeuronTrainerMixin, Trainer):
         model: ModelOptions = field(default_factory=ModelOptions)
 
         def _validate_cuda_graphs(self) -> None:
-            if cuda_graphs_apply(self):
+            if cuda_graphs_apply():
                 Trainer.Config._validate_cuda_graphs(self)

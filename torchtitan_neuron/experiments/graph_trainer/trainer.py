@@ -99,5 +99,5 @@ class NeuronGraphTrainer(NeuronTrainerMixin, GraphTrainer):
             require_positive_bound(getattr(self.compile, "bucket_mib", DEFAULT_BUCKET_MIB))
 
         def _validate_cuda_graphs(self) -> None:
-            if cuda_graphs_apply(self):
+            if cuda_graphs_apply():
                 GraphTrainer.Config._validate_cuda_graphs(self)
