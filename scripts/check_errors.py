@@ -169,6 +169,31 @@ def case_gpt_oss_fsdp_vs_experts(tmp):
                            module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
 
 
+def case_pp_on_simple_fsdp(tmp):
+    # graph_trainer's GraphPP runs only in aot_fx_trace mode; the recipe is jit.
+    return _preflight_case([*FAST, "--parallelism.pipeline_parallel_degree", "2",
+                            "--training.global_batch_size", "4"],
+                           "runs only in aot_fx_trace mode", ngpu=4)
+
+
+def case_gpt_oss_cp(tmp):
+    return _preflight_case([*FAST, "--parallelism.context_parallel_degree", "2"],
+                           "context parallelism here gathers keys and values", ngpu=2,
+                           module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
+
+
+def case_plan_ep(tmp):
+    # The token all-to-all's split sizes depend on routing; FakeTensors have none.
+    out = _run([sys.executable, "-m", "torchtitan_neuron.plan", "--module",
+                "torchtitan_neuron.experiments.graph_trainer.deepseek_v3", "--config",
+                "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16", "--ngpu", "64",
+                "--parallelism.tensor_parallel_degree", "1",
+                "--parallelism.expert_parallel_degree", "8"], _env())
+    return out, _error_line(out.output, "does not plan expert parallelism"), [
+        p for p, bad in (("exit code is not 2", out.returncode != 2),
+                         ("a traceback was printed", "Traceback" in out.output)) if bad]
+
+
 def case_hf_import_shapes(tmp):
     # A Hugging Face folder whose embedding is not the debug flavor's.
     import torch
@@ -265,6 +290,9 @@ CASES = {
     "gpt-oss-tp-vs-kv-heads": case_gpt_oss_tp_vs_kv_heads,
     "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
     "gpt-oss-fsdp-vs-experts": case_gpt_oss_fsdp_vs_experts,
+    "pp-on-simple-fsdp": case_pp_on_simple_fsdp,
+    "gpt-oss-cp": case_gpt_oss_cp,
+    "plan-ep": case_plan_ep,
     "hf-import-shapes": case_hf_import_shapes,
     "cpu-oversubscribed": case_cpu_oversubscribed,
     "trn2-on-cpu": case_trn2_on_cpu,

@@ -8,7 +8,8 @@ the expert load imbalance each step, and its expert biases move between
 steps; under expert parallelism (EP2 x FSDP4 on 4 ranks, experts sharded
 over EP and expert-FSDP, tokens dispatched by all-to-all inside the compiled
 step) it gives the 1-rank losses over 6 steps within 1e-5 relative and still
-prints the balance line; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
+prints the balance line, and its step-3 checkpoint resumes bit for bit at EP2
+and at EP1 (FSDP2) within 1e-5 of the 1-rank run; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
 as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
 test_correctness.py).
 
@@ -18,6 +19,7 @@ Run: .venv/bin/python -m pytest tests/test_deepseek.py -q
 
 import math
 import re
+import shutil
 import sys
 
 import pytest
@@ -65,13 +67,16 @@ def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp
 
 
 def test_simple_fsdp_deepseek_ep2_fsdp_matches_one_rank(tmp_path):
+    """EP2 x FSDP4 against 1 rank; its step-3 checkpoint resumes bit for bit
+    at EP2 and, at EP1 (FSDP2 on 2 ranks), gives the 1-rank run's losses."""
     recipe = f"PREFLIGHT=0 MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
     proc = run_command(
         [sys.executable, "scripts/loss_compare.py", "--steps", "6", "--rtol", "1e-5",
          "--out", str(tmp_path),
          "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
          "--b", f"NGPU=4 {recipe} --parallelism.tensor_parallel_degree 1 "
-                "--parallelism.expert_parallel_degree 2",
+                "--parallelism.expert_parallel_degree 2 "
+                "--checkpoint.enable --checkpoint.interval 3",
          "--", "--training.global_batch_size", "8"],
         timeout=1200,
     )
@@ -81,6 +86,31 @@ def test_simple_fsdp_deepseek_ep2_fsdp_matches_one_rank(tmp_path):
     _finite_and_falling(result, 6)
     assert "dp_shard=4, cp=1, tp=1, ep=2" in result.output
     assert [int(s) for s, _, _ in _BALANCE.findall(result.output)] == list(range(1, 7))
+    one = Run(0, (tmp_path / "a.log").read_text()).steps
+
+    from conftest import run_train
+    from loss_compare import common_flags
+
+    flags = [*common_flags(6, 0, 256, 2), "--training.global_batch_size", "8",
+             "--parallelism.tensor_parallel_degree", "1", "--checkpoint.enable",
+             "--checkpoint.interval", "3"]
+    for name in ("ep2", "ep1"):
+        shutil.copytree(tmp_path / "b" / "checkpoint" / "step-3",
+                        tmp_path / name / "checkpoint" / "step-3")
+    ep2 = run_train([*flags, "--parallelism.expert_parallel_degree", "2"], ngpu=4,
+                    module=DS_MODULE, config="simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2",
+                    dump_folder=tmp_path / "ep2")
+    assert ep2.returncode == 0, ep2.output[-4000:]
+    assert [(s.step, s.loss, s.grad_norm) for s in ep2.steps] == [
+        (s.step, s.loss, s.grad_norm) for s in result.steps[3:]]
+    ep1 = run_train(flags, ngpu=2, module=DS_MODULE,
+                    config="simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2",
+                    dump_folder=tmp_path / "ep1")
+    assert ep1.returncode == 0, ep1.output[-4000:]
+    assert "ep=1" in ep1.output
+    assert [s.step for s in ep1.steps] == [4, 5, 6]
+    for mine, ref in zip(ep1.steps, one[3:]):
+        assert abs(mine.loss - ref.loss) <= 1e-5 * abs(ref.loss), (ep1.steps, one)
 
 
 @pytest.mark.parametrize(

@@ -158,8 +158,6 @@ def test_options_validation():
     )
 
     config = simple_fsdp_llama3_debugmodel().model_spec.model
-    with pytest.raises(ValueError, match="context_parallel_degree"):
-        apply_model_options(config, ModelOptions(attn_mask_type="block_causal"), cp_degree=2)
     apply_model_options(config, ModelOptions(attn_mask_type="causal"))
     assert not isinstance(config.layers[0].attention.inner_attention,
                           BlockCausalAttention.Config)

@@ -9,9 +9,16 @@ plain and the SimpleFSDP recipes, and on CUDA upstream's refusal stands.
 The planner refuses expert parallelism before tracing, with the reason, and
 the preflight refuses pipeline stages on a SimpleFSDP recipe (GraphPP runs in
 aot_fx_trace mode only).
+Context parallelism gathers keys and values over ``cp``: each rank's mask
+rows, stitched together, are the whole sequence's causal or block-causal mask;
+its rotary rows are the positions it holds; torch's ring attention has no CPU
+kernel (why upstream's CP cannot run here); GPT-OSS's sink attention is
+refused before any rank starts. One launch set (slow tier) proves CP2 x FSDP2
+with block-causal documents against 1 rank, a bit-identical resume at CP2,
+and a resume of the CP2 checkpoint at CP1.
 The EP runs themselves are in tests/test_deepseek.py (slow tier).
 
-Tier: fast.
+Tier: fast, but the CP runs (slow).
 
 Run: .venv/bin/python -m pytest tests/test_parallelisms.py -q
 """
@@ -77,3 +84,122 @@ def test_the_preflight_refuses_pipeline_stages_on_a_simple_fsdp_recipe():
                        r"torchtitan 0.3.0 runs only in aot_fx_trace mode"):
         check_layout(config, 4)
     check_layout(_parse(LLAMA_SIMPLE_FSDP), 4)  # no PP: the same recipe passes
+
+
+def test_context_parallel_masks_stitch_into_the_whole_sequences_mask():
+    import torch
+
+    from torchtitan_neuron.components.context_parallel import local_attention_mask, token_order
+    from torchtitan_neuron.components.documents import block_causal_mask, document_ids
+
+    seq, batch = 16, 2
+    starts = torch.zeros(batch, seq, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[0, 5] = starts[1, 11] = True
+    for balancer in ("headtail", None):
+        for cp in (2, 4):
+            order = token_order(seq, cp, balancer)
+            assert sorted(order.tolist()) == list(range(seq))
+            for documents, full in ((None, torch.ones(seq, seq, dtype=torch.bool).tril()
+                                     .expand(batch, 1, seq, seq)),
+                                    (document_ids(starts), block_causal_mask(starts))):
+                rows = torch.cat([
+                    local_attention_mask(batch, seq, cp, rank, balancer, documents)
+                    for rank in range(cp)], dim=2)
+                # Rows in the ranks' order, columns in the gathered keys' order.
+                assert torch.equal(rows, full[:, :, order][:, :, :, order])
+    # Head-tail: rank 0 of 2 holds the first and the last quarter.
+    assert token_order(16, 2, "headtail")[:8].tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    with pytest.raises(ValueError, match="context_parallel_load_balancer 'ptrr'"):
+        token_order(16, 2, "ptrr")
+
+
+def test_context_parallel_rotary_rows_are_the_positions_a_rank_holds():
+    import torch
+
+    from torchtitan_neuron.components.context_parallel import position_runs, token_order
+    from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
+        simple_fsdp_llama3_debugmodel_cp2,
+    )
+
+    rope_config = simple_fsdp_llama3_debugmodel_cp2().model_spec.model.layers[0].attention.rope
+    assert rope_config.use_prefix_cache_for_positions
+    rope = rope_config.build()
+    seq = 32
+    held = token_order(seq, 2, "headtail")[16:]  # rank 1's positions
+    rope.cp_ranges = position_runs(held)
+    assert rope.cp_ranges == ((8, 24),)
+    q = torch.randn(1, 16, 2, rope_config.dim)  # (batch, seq / 2, heads, head dim)
+    k = torch.randn_like(q)
+    got = rope(q, k)
+    rope.cp_ranges = ()
+    whole_q = torch.zeros(1, seq, 2, q.shape[-1])
+    whole_k = torch.zeros_like(whole_q)
+    whole_q[:, held], whole_k[:, held] = q, k
+    want = rope(whole_q, whole_k)
+    assert torch.allclose(got[0], want[0][:, held]) and torch.allclose(got[1], want[1][:, held])
+
+
+def test_torchs_ring_attention_has_no_cpu_kernel():
+    # Why upstream's apply_cp_to_forward cannot run SDPA on CPU ranks (row
+    # cp-allgather-sdpa): its DTensor handlers cover the CUDA kernels only.
+    import torch
+    from torch.distributed.tensor.experimental._context_parallel._attention import custom_ops
+
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default not in custom_ops
+    assert torch.ops.aten._scaled_dot_product_flash_attention.default in custom_ops
+
+
+def test_the_preflight_refuses_context_parallelism_on_sink_attention():
+    from torchtitan_neuron.preflight import PreflightError, check_layout
+
+    gpt_oss = ("torchtitan_neuron.experiments.graph_trainer.gpt_oss", "simple_fsdp_gpt_oss_debugmodel")
+    with pytest.raises(PreflightError, match=r"--parallelism.context_parallel_degree 2: layer 0's "
+                       r"attention is SinkSDPA; context parallelism here gathers keys and values "
+                       r"for SDPA attention \(causal or block_causal\) only"):
+        check_layout(_parse(gpt_oss, "--parallelism.context_parallel_degree", "2"), 2)
+    assert check_layout(_parse(LLAMA_SIMPLE_FSDP, "--parallelism.context_parallel_degree", "2"),
+                        4)["dp_shard"] == 2
+
+
+CP_RUN = [
+    "--dataloader.dataset", "c4_test", "--hf_assets_path=./tests/assets/tokenizer",
+    "--compile.backend", "aot_eager", "--training.mixed_precision_param", "float32",
+    "--training.seq_len", "256", "--training.local_batch_size", "2",
+    "--training.global_batch_size", "4", "--metrics.log_freq", "1", "--debug.seed", "0",
+    "--model.attn_mask_type", "block_causal", "--training.steps", "6",
+    "--checkpoint.enable", "--checkpoint.interval", "3",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_context_parallel_matches_one_rank_and_resumes_across_layouts(tmp_path):
+    import shutil
+
+    from conftest import run_train
+
+    def losses(run, steps):
+        assert run.returncode == 0, run.output[-4000:]
+        assert [s.step for s in run.steps] == list(steps), run.output[-2000:]
+        return [(s.loss, s.grad_norm) for s in run.steps]
+
+    cp2 = run_train(CP_RUN, ngpu=4, config="simple_fsdp_llama3_debugmodel_cp2",
+                    dump_folder=tmp_path / "cp2")
+    assert "cp=2" in cp2.output and "dp_shard=2" in cp2.output
+    assert "Block-causal attention:" in cp2.output
+    full = losses(cp2, range(1, 7))
+    one = losses(run_train(CP_RUN, ngpu=1, dump_folder=tmp_path / "one"), range(1, 7))
+    for (loss, _), (ref, _) in zip(full, one):
+        assert abs(loss - ref) <= 1e-5 * abs(ref), (full, one)
+
+    for name in ("again", "cp1"):
+        shutil.copytree(tmp_path / "cp2" / "checkpoint" / "step-3",
+                        tmp_path / name / "checkpoint" / "step-3")
+    again = run_train(CP_RUN, ngpu=4, config="simple_fsdp_llama3_debugmodel_cp2",
+                      dump_folder=tmp_path / "again")
+    assert losses(again, range(4, 7)) == full[3:]  # bit for bit at CP2
+    cp1 = run_train(CP_RUN, ngpu=2, dump_folder=tmp_path / "cp1")  # FSDP2, no CP
+    assert "cp=1" in cp1.output
+    for (loss, _), (ref, _) in zip(losses(cp1, range(4, 7)), one[3:]):
+        assert abs(loss - ref) <= 1e-5 * abs(ref), (cp1.steps, one)

@@ -82,6 +82,27 @@ def _layout(config, world_size: int) -> ParallelDims:
     return ParallelDims.from_config(config.parallelism, world_size)
 
 
+# Long-sequence recipes: (recipe, world size, (cp, dp_shard), seq_len)
+CP_RECIPES = [
+    ("simple_fsdp_llama3_8b_cp4_32k", 64, (4, 16), 32768),
+    ("simple_fsdp_llama3_debugmodel_cp2", 2, (2, 1), 512),
+    ("simple_fsdp_llama3_debugmodel_cp2", 4, (2, 2), 512),
+]
+
+
+@pytest.mark.parametrize("name, world, layout, seq_len", CP_RECIPES)
+def test_context_parallel_recipes(name, world, layout, seq_len):
+    config = parse(GRAPH_LLAMA, name)
+    assert type(config) is NeuronGraphTrainer.Config and config.compile.mode == "jit"
+    dims = _layout(config, world)
+    assert (dims.cp, dims.dp_shard, dims.tp) == (*layout, 1)
+    assert config.training.seq_len == seq_len
+    # The planner's figures in the recipe's docstring are for full AC.
+    if "8b" in name:
+        assert type(config.activation_checkpoint) is FullAC.Config
+        assert config.training.local_batch_size == 1
+
+
 @pytest.mark.parametrize("name", sorted(SIMPLE_FSDP_RECIPES))
 def test_simple_fsdp_recipe(name):
     ac_type, flavor = SIMPLE_FSDP_RECIPES[name]

@@ -8,8 +8,9 @@ step line's memory figure read after ``torch.neuron.synchronize()``, the
 ``neuron`` compile backend resolved to the stand-in, SDPA on the fused op);
 the model graphs handed to the ``neuron`` backend hold one all-gather and
 one reduce-scatter per block (bucketing); the DeepSeek debug SimpleFSDP
-recipe at 4 ranks and an eager recipe are
-``ready``; a recipe whose model calls ``.item()`` in forward is ``not
+recipe at 4 ranks, the context-parallel debug recipe at 4 ranks (its key
+and value gathers over ``cp`` counted apart from FSDP's) and an eager recipe
+are ``ready``; a recipe whose model calls ``.item()`` in forward is ``not
 ready`` naming that file and line; a bad recipe exits 2 through
 ``COMM_MODE=rehearse ./run_train.sh``. Unit tests check the graph checks on
 hand-traced graphs, the verdict, and the neuron device module and NEFF cache
@@ -79,11 +80,29 @@ def test_debug_llama_is_ready_and_runs_the_neuron_branch():
                       if g["name"].split(".")[1] == kind] for kind in ("forward", "backward")}
     assert max(c.get("all_gather_into_tensor", 0) for c in by_kind["forward"]) == 9
     assert max(c.get("reduce_scatter_tensor", 0) for c in by_kind["backward"]) == 8
+    # FSDP alone: every compiled collective is over the fsdp group.
+    assert report["collectives_by_mesh"]
+    assert all(k.endswith(" over fsdp") for k in report["collectives_by_mesh"]), \
+        report["collectives_by_mesh"]
     assert "aten._scaled_dot_product_fused_attention_overrideable" in report["ops"]
     assert "aten._scaled_dot_product_fused_attention_overrideable_backward" in report["ops"]
     assert report["graph_breaks"] == [] and report["recompiles"] == []
     assert {g["name"].split(".")[1] for g in report["graphs"]} >= {"forward", "backward"}
     assert "float32" in report["dtypes"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_context_parallel_recipe_is_ready_and_gathers_keys_over_cp():
+    code, report, err = _rehearse(LLAMA_MODULE, "simple_fsdp_llama3_debugmodel_cp2", 4)
+    assert report is not None, err[-3000:]
+    assert code == 0 and report["ready"], report["reasons"]
+    by_mesh = report["collectives_by_mesh"]
+    # Each of the 6 layers gathers its keys and values over cp in forward
+    # (again where AC recomputes), and reduce-scatters their gradients once.
+    assert by_mesh["reduce_scatter_tensor over cp"] == 12, by_mesh
+    assert by_mesh["all_gather_into_tensor over cp"] >= 12, by_mesh
+    assert by_mesh["reduce_scatter_tensor over fsdp"] > 0, by_mesh
 
 
 @pytest.mark.e2e

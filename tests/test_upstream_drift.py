@@ -236,6 +236,15 @@ PINNED: dict[str, dict[str, str]] = {
     "cuda-graphs-off-cuda": {
         "torchtitan.trainer:Trainer.Config._validate_cuda_graphs": "82fa664ba0b27468",
     },
+    "cp-allgather-sdpa": {
+        # The CP wrapper replaced, and the sharding whose order the mask follows.
+        "torchtitan.distributed.context_parallel.api:apply_cp_to_forward": "c4287c786ba9acd7",
+        "torchtitan.experiments.graph_trainer.common_utils:apply_cp_to_attention":
+            "3136eb40351807e9",
+        "torchtitan.distributed.context_parallel.api:cp_shard": "d8ed6eb6930ced2d",
+        "torch.distributed.tensor.experimental._context_parallel._load_balancer:"
+        "_HeadTailLoadBalancer._generate_indices": "251eda0ebe3bc865",
+    },
     "ep-experts-before-ac": {
         "torchtitan.experiments.graph_trainer.common_utils:apply_simple_fsdp": "ac3da2d32b8ace0a",
     },

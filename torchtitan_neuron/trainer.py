@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 import torchtitan.distributed.utils as dist_utils
 from torchtitan.components.checkpointer import CheckpointManager
@@ -51,9 +52,11 @@ from torchtitan_neuron.components.documents import (
     apply_model_options,
     block_causal_mask,
     cross_document_share,
+    document_ids,
     document_positions,
     document_starts,
 )
+from torchtitan_neuron.components.context_parallel import local_attention_mask, token_order
 
 GRAD_CLIP_COMPONENT = "grad_clip"
 # Set to a step number to measure that step's tensor memory on the real
@@ -191,6 +194,7 @@ class NeuronTrainerMixin:
     def __init__(self, config, *, step_hook: StepHook | None = None):
         self.step_hook = step_hook or StepHook()
         self._documents_noted = False
+        self._cp_order_checked = False
         self._prepare(config)
         seed = config.debug.seed
         with layout_invariant_init(seed):
@@ -229,10 +233,7 @@ class NeuronTrainerMixin:
                 "which Neuron does not support. Drop the flag on Neuron "
                 "(block_causal masking works without it)."
             )
-        apply_model_options(
-            config.model_spec.model, options,
-            cp_degree=config.parallelism.context_parallel_degree,
-        )
+        apply_model_options(config.model_spec.model, options)
 
     def _gradient_clipping(self):
         """torch.compile'd clipping when ``grad_clip`` is a compile component
@@ -258,6 +259,8 @@ class NeuronTrainerMixin:
         checkpointer.hf_hand_off = export_hand_off(self)
 
     def post_dataloading_process(self, input_dict, labels):
+        if self.parallel_dims.cp_enabled:
+            return self._context_parallel_batch(input_dict, labels)
         inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
         options = self.config.model
         block = options.attn_mask_type == "block_causal"
@@ -275,6 +278,50 @@ class NeuronTrainerMixin:
             extra_kwargs["attention_masks"] = block_causal_mask(starts)
         if options.reset_positions_per_document:
             extra_kwargs["positions"] = document_positions(starts)
+        return inputs, labels, extra_kwargs
+
+    def _context_parallel_batch(self, input_dict, labels):
+        """Under context parallelism: documents are read from the whole rows,
+        torchtitan shards tokens, labels and positions over ``cp``, and the
+        mask of this rank's queries against the gathered keys is built here
+        (``components/context_parallel.py``)."""
+        options = self.config.model
+        block = options.attn_mask_type == "block_causal"
+        tokens = input_dict["input"]
+        batch, seq_len = tokens.shape
+        starts = document_starts(
+            tokens, getattr(self.tokenizer, "bos_id", None),
+            getattr(self.tokenizer, "eos_id", None),
+        )
+        if not self._documents_noted:
+            self._documents_noted = True
+            self._note_documents(starts, block)
+        if options.reset_positions_per_document:
+            input_dict = {**input_dict, "positions": document_positions(starts)}
+        full_positions = input_dict.get("positions")
+        inputs, labels, extra_kwargs = super().post_dataloading_process(input_dict, labels)
+        cp_mesh = self.parallel_dims.get_mesh("cp")
+        balancer = self.config.parallelism.context_parallel_load_balancer
+        cp_degree, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
+        local = seq_len // cp_degree
+        queries = token_order(seq_len, cp_degree, balancer)[cp_rank * local:(cp_rank + 1) * local]
+        if (full_positions is not None and not self._cp_order_checked
+                and not is_fake(full_positions)):
+            # torchtitan sharded the positions with its balancer: this rank's
+            # must be the rows the mask gives its queries. (Real tensors only:
+            # the planner's have no values.)
+            self._cp_order_checked = True
+            sharded = extra_kwargs["positions"].cpu()
+            if not torch.equal(sharded, full_positions.cpu()[:, queries]):
+                raise RuntimeError(
+                    "context parallelism: torchtitan's sharding of the sequence no "
+                    "longer matches token_order() (components/context_parallel.py) "
+                    f"on cp rank {cp_rank}; the attention mask would be wrong.")
+        extra_kwargs["attention_masks"] = local_attention_mask(
+            batch, seq_len, cp_degree, cp_rank, balancer,
+            documents=document_ids(starts) if block else None,
+            device=inputs.device,
+        )
         return inputs, labels, extra_kwargs
 
     def _note_documents(self, starts: torch.Tensor, block: bool) -> None:

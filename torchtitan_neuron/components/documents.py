@@ -150,7 +150,7 @@ def cross_document_share(starts: torch.Tensor) -> float:
     return 1.0 - same / total
 
 
-def apply_model_options(model_config, options: ModelOptions, *, cp_degree: int = 1) -> None:
+def apply_model_options(model_config, options: ModelOptions) -> None:
     """Set the attention and rotary configs of every layer from ``options``."""
     if options.attn_mask_type not in ("causal", "block_causal"):
         raise ValueError(
@@ -158,12 +158,6 @@ def apply_model_options(model_config, options: ModelOptions, *, cp_degree: int =
             "causal, block_causal."
         )
     block = options.attn_mask_type == "block_causal"
-    if block and cp_degree > 1:
-        raise ValueError(
-            "--model.attn_mask_type block_causal does not support context "
-            f"parallelism (--parallelism.context_parallel_degree {cp_degree}): "
-            "the mask covers whole sequences. Use context_parallel_degree 1."
-        )
     for layer in model_config.layers:
         attention = getattr(layer, "attention", None)
         if attention is None:

@@ -33,6 +33,12 @@ from torchtitan_neuron.config_utils import promote
 
 
 class _PrefixCachePositions:
+    cp_ranges: tuple[tuple[int, int], ...] = ()
+    """Under context parallelism, the runs of sequence positions this rank
+    holds (``components/context_parallel.py`` sets them): the prefix path
+    then takes those rows of the cache, the same for every batch row, in
+    place of rows 0..S-1."""
+
     def forward(
         self,
         query: torch.Tensor,
@@ -41,6 +47,11 @@ class _PrefixCachePositions:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.config.use_prefix_cache_for_positions:
             positions = None
+            if self.cp_ranges:
+                positions = torch.cat([
+                    torch.arange(start, stop, device=query.device)
+                    for start, stop in self.cp_ranges
+                ]).unsqueeze(0)
         return super().forward(query, key, positions)
 
 

@@ -128,6 +128,7 @@ def layout(config, trainer) -> dict:
     pd = trainer.parallel_dims
     accumulation = trainer.gradient_accumulation_steps
     return {"tp": pd.tp, "dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate,
+            **({"cp": pd.cp} if pd.cp > 1 else {}),
             "local_batch": config.training.local_batch_size,
             "seq_len": config.training.seq_len,
             "grad_accum": accumulation,

@@ -114,6 +114,37 @@ def pipeline_refusal(config, pp: int) -> str | None:
     return None
 
 
+def context_parallel_refusal(config, cp: int) -> str | None:
+    """Why ``cp`` context-parallel ranks cannot run on this recipe, or None.
+
+    Context parallelism here gathers the keys and values over ``cp`` and
+    attends under a mask of global positions
+    (``components/context_parallel.py``); it takes SDPA attention, causal or
+    block-causal. GPT-OSS's sink attention builds its sliding-window mask and
+    its sink column from the rank's own rows, which that mask does not carry."""
+    if cp <= 1:
+        return None
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    for index, layer in enumerate(getattr(config.model_spec.model, "layers", [])):
+        attention = getattr(layer, "attention", None)
+        inner = getattr(attention, "inner_attention", None)
+        if inner is None or isinstance(inner, ScaledDotProductAttention.Config):
+            continue
+        name = type(inner).__qualname__.removesuffix(".Config")
+        why = ("its sliding-window mask and sink logits are built from the rank's "
+               "own rows, not from the whole sequence's positions"
+               if name == "SinkSDPA" else "it is not SDPA attention")
+        return (
+            f"--parallelism.context_parallel_degree {cp}: layer {index}'s attention is "
+            f"{name}; context parallelism here gathers keys and values for SDPA "
+            f"attention (causal or block_causal) only, and {why}. Use "
+            "--parallelism.context_parallel_degree 1, and shard a long sequence's "
+            "memory with more FSDP ranks or full activation checkpointing."
+        )
+    return None
+
+
 def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
     """The parallel degrees, sequence length and batch sizes fit NGPU ranks.
     Returns the resolved layout. ``ngpu`` is ranks per node; the layout
@@ -133,6 +164,7 @@ def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
     except AssertionError as exc:
         raise _translate_parallel_dims(p, world, who, exc) from None
     refusal = (pipeline_refusal(config, dims.pp)
+               or context_parallel_refusal(config, dims.cp)
                or model_layout_refusal(config, dims.tp, dims.ep, dims.dp_shard))
     if refusal:
         raise PreflightError(refusal)

@@ -33,6 +33,7 @@ class StandInNeuronBackend:
         self.compiles: list[dict] = []
         self.runs: dict[int, dict[str, int]] = {}
         self.eager = None  # the EagerOps mode, paused while a program "runs"
+        self.groups: dict[str, str] = {}  # process group -> mesh dimension
 
     def register(self, name: str = devices.NEURON_COMPILE_BACKEND) -> None:
         torch._dynamo.register_backend(name=name, compiler_fn=self)
@@ -71,7 +72,7 @@ class StandInNeuronBackend:
     def _program(self, gm: torch.fx.GraphModule, name: str):
         from torch.fx.graph import _BoxedCodeGen
 
-        facts = check_graph(gm, name)
+        facts = check_graph(gm, name, self.groups)
         self.graphs.append(facts)
         gm.graph.set_codegen(_BoxedCodeGen())
         gm.recompile()
@@ -99,4 +100,14 @@ class StandInNeuronBackend:
                 slot = total.setdefault(kind, {"count": 0, "bytes": 0})
                 slot["count"] += entry["count"] * runs
                 slot["bytes"] += entry["bytes"] * runs
+        return total
+
+    def collectives_by_mesh(self, step: int) -> dict[str, int]:
+        """``kind over dim`` -> count, for the programs run in ``step``."""
+        by_name = {g.name: g for g in self.graphs}
+        total: dict[str, int] = {}
+        for name, runs in self.runs.get(step, {}).items():
+            for (kind, dim), count in by_name[name].by_mesh.items():
+                key = f"{kind} over {dim}"
+                total[key] = total.get(key, 0) + count * runs
         return total

@@ -69,6 +69,8 @@ class GraphFacts:
     complex_ops: Counter = field(default_factory=Counter)
     host_syncs: list = field(default_factory=list)
     collectives: dict = field(default_factory=dict)
+    by_mesh: Counter = field(default_factory=Counter)
+    """Collectives counted by (kind, mesh dimension of their group)."""
     foreign_devices: list = field(default_factory=list)
     dynamic_shapes: list = field(default_factory=list)
 
@@ -113,8 +115,31 @@ def _check_shapes(facts: GraphFacts, node, vals, seen: set) -> None:
             "shape": str(shape), **_where(node)})
 
 
-def check_graph(gm: torch.fx.GraphModule, name: str) -> GraphFacts:
-    """Every fact a rehearsal reports about one partitioned graph."""
+def mesh_groups(parallel_dims) -> dict[str, str]:
+    """Process-group name -> the mesh dimension it is (``fsdp``, ``cp``,
+    ``tp``, ``ep``, ...), for the dimensions this layout has."""
+    groups: dict[str, str] = {}
+    for dim in ("tp", "cp", "ep", "efsdp", "fsdp", "dp_replicate", "pp", "loss", "batch"):
+        try:
+            mesh = parallel_dims.get_optional_mesh(dim)
+        except (KeyError, ValueError, RuntimeError, AttributeError):
+            mesh = None
+        if mesh is not None and mesh.ndim == 1:
+            groups.setdefault(mesh.get_group().group_name, dim)
+    return groups
+
+
+def _group_dim(node, groups: dict[str, str]) -> str:
+    for arg in reversed(node.args):
+        if isinstance(arg, str) and arg in groups:
+            return groups[arg]
+    return "?"
+
+
+def check_graph(gm: torch.fx.GraphModule, name: str,
+                groups: dict[str, str] | None = None) -> GraphFacts:
+    """Every fact a rehearsal reports about one partitioned graph. ``groups``
+    (``mesh_groups``) names the mesh dimension of each collective's group."""
     facts = GraphFacts(name)
     seen: set = set()
     for node in gm.graph.nodes:
@@ -137,6 +162,8 @@ def check_graph(gm: torch.fx.GraphModule, name: str) -> GraphFacts:
             entry = facts.collectives.setdefault(short, {"count": 0, "bytes": 0})
             entry["count"] += 1
             entry["bytes"] += largest_bytes(tensors + inputs)
+            if groups:
+                facts.by_mesh[(short, _group_dim(node, groups))] += 1
     return facts
 
 

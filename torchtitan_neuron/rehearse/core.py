@@ -38,6 +38,9 @@ def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
             _record_failure(report, 0, exc)
             trainer = None
         if trainer is not None:
+            from torchtitan_neuron.rehearse.checks import mesh_groups
+
+            backend.groups = mesh_groups(trainer.parallel_dims)
             report.compile_backend = (config.compile.backend if config.compile.enable
                                       else "off")
             report.notes["compile"] = _compile_note(config, backend)
@@ -152,3 +155,4 @@ def _collect(report: Report, backend) -> None:
         slot["count"] += entry["count"]
         slot["bytes"] += entry["bytes"]
     report.collectives = per_step
+    report.collectives_by_mesh = backend.collectives_by_mesh(2)

@@ -29,6 +29,9 @@ class Report:
     complex_ops: Counter = field(default_factory=Counter)
     collectives: dict = field(default_factory=dict)
     """Per step (step 2): compiled programs times their runs, plus eager ops."""
+    collectives_by_mesh: dict = field(default_factory=dict)
+    """Per step (step 2), compiled programs only: ``kind over dim`` -> count
+    (``all_gather_into_tensor over cp``: context parallelism's key gathers)."""
     ops: Counter = field(default_factory=Counter)
     eager: dict = field(default_factory=dict)
     """Ops run outside compiled graphs in step 2: ops, dtypes, devices, collectives."""
@@ -82,7 +85,8 @@ class Report:
             "recompiles": self.recompiles, "dynamic_shapes": self.dynamic_shapes,
             "host_syncs": self.host_syncs, "foreign_devices": self.foreign_devices,
             "dtypes": dict(self.dtypes), "complex_ops": dict(self.complex_ops),
-            "collectives": self.collectives, "ops": dict(self.ops.most_common()),
+            "collectives": self.collectives,
+            "collectives_by_mesh": self.collectives_by_mesh, "ops": dict(self.ops.most_common()),
             "eager": self.eager, "notes": self.notes,
         }
 
@@ -102,6 +106,9 @@ class Report:
         lines.append("  collectives per step: " + (", ".join(
             f"{k} x{v['count']} ({v['bytes'] / 2**30:.2f} GiB)"
             for k, v in sorted(self.collectives.items())) or "none"))
+        if self.collectives_by_mesh:
+            lines.append("  in compiled graphs, by mesh dimension: " + ", ".join(
+                f"{k} x{v}" for k, v in sorted(self.collectives_by_mesh.items())))
         lines += [f"  NOT READY: {r}" for r in self.reasons()]
         lines += [f"  warning: {w}" for w in self.warnings()]
         return "\n".join(lines)

@@ -16,7 +16,6 @@ from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
 from torchtitan.experiments.graph_trainer.common_utils import (
     annotate_module_fqns,
     annotate_moe_ep_regions,
-    apply_cp_to_attention,
     apply_simple_fsdp,
 )
 from torchtitan.experiments.graph_trainer.compile import apply_compile
@@ -33,6 +32,7 @@ from torchtitan.experiments.graph_trainer.simple_fsdp import (
 )
 from torchtitan.tools.logging import logger
 
+from torchtitan_neuron.components.context_parallel import apply_gathered_cp
 from torchtitan_neuron.experiments.graph_trainer import chunked_loss
 from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import (
     apply_activation_checkpointing,
@@ -63,7 +63,10 @@ def parallelize_simple_fsdp(
             "the parallel degrees"
         )
     if parallel_dims.cp_enabled:
-        apply_cp_to_attention(model, parallel_dims)
+        # Keys and values gathered over cp inside the graph, in place of
+        # upstream's apply_cp_to_attention (CUDA ring kernels only).
+        apply_gathered_cp(model, parallel_dims.get_mesh("cp"), training.seq_len,
+                          parallelism.context_parallel_load_balancer)
     # Annotate before AC wraps the blocks, so FX nodes carry clean module FQNs.
     annotate(model)
     if parallel_dims.tp_enabled or parallel_dims.ep_enabled:

@@ -4,7 +4,8 @@ Each recipe starts from an upstream torchtitan recipe and adds the Neuron
 pieces: SDPA attention, the prefix-cache rotary path, and torch.compile on the
 ``neuron`` backend over the model, the loss and gradient-norm clipping.
 ``neuron_simple_fsdp`` then makes it a SimpleFSDP GraphTrainer recipe in jit
-mode. No recipe pins a parallelism degree: SimpleFSDP shards across every rank.
+mode. SimpleFSDP shards across every rank; only the long-sequence recipes pin
+a degree, their context parallelism.
 """
 
 from collections.abc import Callable
@@ -59,9 +60,33 @@ def simple_fsdp_llama3_70b_fullac() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_llama3_config(llama3_70b, full_ac=True)
 
 
+def simple_fsdp_llama3_8b_cp4_32k() -> NeuronGraphTrainer.Config:
+    """Llama 3.1 8B on sequences of 32768 tokens, one trn2 node (64 ranks):
+    context parallelism 4 x FSDP 16, full AC, one sequence per rank.
+
+    The planner (docs/parallelisms.md has the table) puts CP2 at 77% of a
+    core, and over it without the contiguous scratchpad; CP4 is the smallest
+    degree that fits in both scratchpad modes with more than 15% headroom.
+    Each CP rank holds 8192 of a sequence's tokens and gathers the keys and
+    values of all 32768 in every layer."""
+    config = _neuron_simple_fsdp_llama3_config(llama3_8b, full_ac=True)
+    config.training.seq_len = 32768
+    config.training.local_batch_size = 1
+    config.parallelism.context_parallel_degree = 4
+    return config
+
+
 def simple_fsdp_llama3_debugmodel() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel)
 
 
 def simple_fsdp_llama3_debugmodel_fullac() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel, full_ac=True)
+
+
+def simple_fsdp_llama3_debugmodel_cp2() -> NeuronGraphTrainer.Config:
+    """The CPU flavor of ``simple_fsdp_llama3_8b_cp4_32k``: the debug model
+    with context parallelism 2 (NGPU=2: CP2; NGPU=4: CP2 x FSDP2)."""
+    config = _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel)
+    config.parallelism.context_parallel_degree = 2
+    return config
