@@ -169,11 +169,18 @@ def case_gpt_oss_fsdp_vs_experts(tmp):
                            module=GPT_OSS, config="simple_fsdp_gpt_oss_debugmodel")
 
 
-def case_pp_on_simple_fsdp(tmp):
-    # graph_trainer's GraphPP runs only in aot_fx_trace mode; the recipe is jit.
-    return _preflight_case([*FAST, "--parallelism.pipeline_parallel_degree", "2",
-                            "--training.global_batch_size", "4"],
-                           "runs only in aot_fx_trace mode", ngpu=4)
+def case_pp_stages(tmp):
+    # 8 pipeline ranks x 2 virtual stages: 16 stages for the debug model's 8 units.
+    return _preflight_case([*FAST, "--parallelism.pipeline_parallel_degree", "8"],
+                           "cannot split the model into pipeline stages", ngpu=8)
+
+
+def case_plan_pp(tmp):
+    out = _run([sys.executable, "-m", "torchtitan_neuron.plan", "--module", LLAMA,
+                "--config", "simple_fsdp_llama3_debugmodel_pp2", "--ngpu", "4"], _env())
+    return out, _error_line(out.output, "does not plan pipeline stages"), [
+        p for p, bad in (("exit code is not 2", out.returncode != 2),
+                         ("a traceback was printed", "Traceback" in out.output)) if bad]
 
 
 def case_gpt_oss_cp(tmp):
@@ -290,7 +297,8 @@ CASES = {
     "gpt-oss-tp-vs-kv-heads": case_gpt_oss_tp_vs_kv_heads,
     "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
     "gpt-oss-fsdp-vs-experts": case_gpt_oss_fsdp_vs_experts,
-    "pp-on-simple-fsdp": case_pp_on_simple_fsdp,
+    "pp-stages": case_pp_stages,
+    "plan-pp": case_plan_pp,
     "gpt-oss-cp": case_gpt_oss_cp,
     "plan-ep": case_plan_ep,
     "hf-import-shapes": case_hf_import_shapes,

@@ -6,19 +6,20 @@ and expert parallelism's synchronizing token dispatch unless
 ``--training.disable_cuda_graphs``) apply on CUDA only, where a graph is
 captured; elsewhere the EP and PP flags parse as a user types them, for the
 plain and the SimpleFSDP recipes, and on CUDA upstream's refusal stands.
-The planner refuses expert parallelism before tracing, with the reason, and
-the preflight refuses pipeline stages on a SimpleFSDP recipe (GraphPP runs in
-aot_fx_trace mode only).
+The planner refuses expert parallelism before tracing, with the reason. The
+SimpleFSDP recipes pipeline with torchtitan's pipeline_llm (GraphPP runs in
+aot_fx_trace mode only, and a spec that keeps it is refused), and stages
+torchtitan cannot split are refused before any rank starts.
 Context parallelism gathers keys and values over ``cp``: each rank's mask
 rows, stitched together, are the whole sequence's causal or block-causal mask;
 its rotary rows are the positions it holds; torch's ring attention has no CPU
 kernel (why upstream's CP cannot run here); GPT-OSS's sink attention is
 refused before any rank starts. One launch set (slow tier) proves CP2 x FSDP2
-with block-causal documents against 1 rank, a bit-identical resume at CP2,
-and a resume of the CP2 checkpoint at CP1.
+and PP2 x FSDP2 with block-causal documents against 1 rank, a bit-identical
+resume at each, and resumes across layouts (CP2 -> PP2, PP2 -> FSDP2).
 The EP runs themselves are in tests/test_deepseek.py (slow tier).
 
-Tier: fast, but the CP runs (slow).
+Tier: fast, but the CP and PP runs (slow).
 
 Run: .venv/bin/python -m pytest tests/test_parallelisms.py -q
 """
@@ -74,16 +75,47 @@ def test_the_planner_refuses_expert_parallelism_before_tracing(capsys):
     assert "--parallelism.expert_parallel_degree 8: the planner does not plan expert parallelism yet" in err
 
 
-def test_the_preflight_refuses_pipeline_stages_on_a_simple_fsdp_recipe():
-    # graph_trainer's GraphPP runs in aot_fx_trace mode only; these recipes are jit.
+def test_the_planner_refuses_pipeline_stages_before_tracing(capsys):
+    from torchtitan_neuron.plan.__main__ import main
+
+    code = main(["--module", LLAMA_SIMPLE_FSDP[0], "--config", "simple_fsdp_llama3_debugmodel_pp2",
+                 "--ngpu", "4"])
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--parallelism.pipeline_parallel_degree 2: the planner does not plan pipeline stages" in err
+
+
+def test_simple_fsdp_recipes_pipeline_with_torchtitans_pipeline_llm():
+    # graph_trainer's GraphPP runs in aot_fx_trace mode only; in jit mode each
+    # stage goes through pipeline_llm and this project's parallelize (row pp-jit-stages).
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.experiments.graph_trainer.graph_pp.pipeline import graph_pipeline_llm
+
     from torchtitan_neuron.preflight import PreflightError, check_layout
 
+    for recipe in (LLAMA_SIMPLE_FSDP, DEEPSEEK_SIMPLE_FSDP):
+        assert _parse(recipe).model_spec.pipelining_fn is pipeline_llm
     config = _parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "2")
+    assert check_layout(config, 4)["dp_shard"] == 2
+    # A spec that still pipelines with GraphPP in jit mode is refused with the reason.
+    config.model_spec.pipelining_fn = graph_pipeline_llm
     with pytest.raises(PreflightError, match=r"--parallelism.pipeline_parallel_degree 2: this "
                        r"SimpleFSDP recipe pipelines with graph_trainer's GraphPP, which "
                        r"torchtitan 0.3.0 runs only in aot_fx_trace mode"):
         check_layout(config, 4)
-    check_layout(_parse(LLAMA_SIMPLE_FSDP), 4)  # no PP: the same recipe passes
+
+
+def test_the_preflight_refuses_stages_torchtitan_cannot_split():
+    from torchtitan_neuron.preflight import PreflightError, check_layout
+
+    # 8 ranks x 2 virtual stages = 16 stages for 6 layers + embedding + output.
+    config = _parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "8")
+    with pytest.raises(PreflightError, match=r"--parallelism.pipeline_parallel_degree 8: "
+                       r"torchtitan cannot split the model into pipeline stages: Number of "
+                       r"stages \(16\) cannot be greater than effective layers \(8\)"):
+        check_layout(config, 8)
+    assert check_layout(_parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "4"),
+                        4)["dp_shard"] == 1
 
 
 def test_context_parallel_masks_stitch_into_the_whole_sequences_mask():
@@ -174,32 +206,41 @@ CP_RUN = [
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_context_parallel_matches_one_rank_and_resumes_across_layouts(tmp_path):
+def test_cp_and_pp_match_one_rank_and_resume_across_layouts(tmp_path):
+    """CP2 x FSDP2 and PP2 x FSDP2 (4 ranks, block-causal documents) print
+    the 1-rank losses; each one's step-3 checkpoint resumes bit for bit at
+    its own layout, and at another (CP2 -> PP2, PP2 -> FSDP2 alone) with the
+    1-rank losses."""
     import shutil
 
     from conftest import run_train
 
-    def losses(run, steps):
+    cp2 = dict(ngpu=4, config="simple_fsdp_llama3_debugmodel_cp2")
+    pp2 = dict(ngpu=4, config="simple_fsdp_llama3_debugmodel_pp2", env={"LOG_RANK": "2"})
+
+    def losses(run, first=1):
         assert run.returncode == 0, run.output[-4000:]
-        assert [s.step for s in run.steps] == list(steps), run.output[-2000:]
+        assert [s.step for s in run.steps] == list(range(first, 7)), run.output[-2000:]
         return [(s.loss, s.grad_norm) for s in run.steps]
 
-    cp2 = run_train(CP_RUN, ngpu=4, config="simple_fsdp_llama3_debugmodel_cp2",
-                    dump_folder=tmp_path / "cp2")
-    assert "cp=2" in cp2.output and "dp_shard=2" in cp2.output
-    assert "Block-causal attention:" in cp2.output
-    full = losses(cp2, range(1, 7))
-    one = losses(run_train(CP_RUN, ngpu=1, dump_folder=tmp_path / "one"), range(1, 7))
-    for (loss, _), (ref, _) in zip(full, one):
-        assert abs(loss - ref) <= 1e-5 * abs(ref), (full, one)
+    def close(mine, ref):
+        assert all(abs(a - b) <= 1e-5 * abs(b) for (a, _), (b, _) in zip(mine, ref)), (mine, ref)
 
-    for name in ("again", "cp1"):
-        shutil.copytree(tmp_path / "cp2" / "checkpoint" / "step-3",
-                        tmp_path / name / "checkpoint" / "step-3")
-    again = run_train(CP_RUN, ngpu=4, config="simple_fsdp_llama3_debugmodel_cp2",
-                      dump_folder=tmp_path / "again")
-    assert losses(again, range(4, 7)) == full[3:]  # bit for bit at CP2
-    cp1 = run_train(CP_RUN, ngpu=2, dump_folder=tmp_path / "cp1")  # FSDP2, no CP
-    assert "cp=1" in cp1.output
-    for (loss, _), (ref, _) in zip(losses(cp1, range(4, 7)), one[3:]):
-        assert abs(loss - ref) <= 1e-5 * abs(ref), (cp1.steps, one)
+    one = losses(run_train(CP_RUN, ngpu=1, dump_folder=tmp_path / "one"))
+    runs = {}
+    for name, layout, mesh in (("cp2", cp2, "cp=2"), ("pp2", pp2, "pp=2")):
+        run = run_train(CP_RUN, dump_folder=tmp_path / name, **layout)
+        assert mesh in run.output and "dp_shard=2" in run.output
+        assert "Block-causal attention:" in run.output
+        runs[name] = losses(run)
+        close(runs[name], one)
+    resumes = (("cp2", "cp2", cp2), ("pp2", "pp2", pp2), ("cp2", "cp2-at-pp2", pp2),
+               ("pp2", "pp2-at-fsdp2", dict(ngpu=2)))
+    for saved, name, layout in resumes:
+        shutil.copytree(tmp_path / saved / "checkpoint" / "step-3",
+                        tmp_path / f"r-{name}" / "checkpoint" / "step-3")
+        resumed = losses(run_train(CP_RUN, dump_folder=tmp_path / f"r-{name}", **layout), 4)
+        if name == saved:
+            assert resumed == runs[saved][3:]  # bit for bit at its own layout
+        else:
+            close(resumed, one[3:])

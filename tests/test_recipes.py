@@ -90,6 +90,13 @@ CP_RECIPES = [
 ]
 
 
+def test_pipeline_recipe():
+    config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_debugmodel_pp2")
+    dims = _layout(config, 4)
+    assert (dims.pp, dims.dp_shard, dims.cp, dims.tp) == (2, 2, 1, 1)
+    assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+
+
 @pytest.mark.parametrize("name, world, layout, seq_len", CP_RECIPES)
 def test_context_parallel_recipes(name, world, layout, seq_len):
     config = parse(GRAPH_LLAMA, name)

@@ -229,9 +229,16 @@ PINNED: dict[str, dict[str, str]] = {
             "953f4e9dbd51471a",
         "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save": "4688af5aa781414f",
     },
-    "graph-pp-jit": {
+    "pp-jit-stages": {
         "torchtitan.experiments.graph_trainer.graph_pp.pipeline:_validate_graph_pp_config":
             "6a6a47dd5d8985ad",
+        # The stage split used per stage, and the arithmetic the preflight runs.
+        "torchtitan.distributed.pipeline_parallel:pipeline_llm":
+            "012e34344a8e25fd",
+        "torchtitan.distributed.pipeline_parallel:_get_pipeline_metadata":
+            "9e89ee9aa512b8a7",
+        "torchtitan.distributed.pipeline_parallel:_generate_llm_fqn_per_model_part":
+            "a18d710d17e556df",
     },
     "cuda-graphs-off-cuda": {
         "torchtitan.trainer:Trainer.Config._validate_cuda_graphs": "82fa664ba0b27468",

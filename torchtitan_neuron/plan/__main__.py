@@ -47,6 +47,15 @@ def refuse_unplannable(config) -> None:
             "values for. Plan the layout without the flag (the experts then "
             "shard over FSDP), or measure an EP run with "
             "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
+    pp = config.parallelism.pipeline_parallel_degree
+    if pp > 1:
+        raise PreflightError(
+            f"--parallelism.pipeline_parallel_degree {pp}: the planner does not plan "
+            "pipeline stages yet. torch's pipeline schedule exchanges its first "
+            "activations eagerly (a send and receive outside any graph), which the "
+            "planner's stand-in device cannot allocate. Plan the layout without the "
+            "flag (FSDP over the same ranks), or measure a PP run with "
+            "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
 
 
 def main(argv: list[str] | None = None) -> int:

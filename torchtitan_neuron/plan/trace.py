@@ -58,7 +58,9 @@ def trace_step(trainer, backend: PlanBackend, tracker: StorageTracker) -> dict[s
     """
     accumulation = trainer.gradient_accumulation_steps
     loader = trainer.dataloader
-    batches = [loader.batch() for _ in range(2 * accumulation)]
+    # Under pipeline parallelism torchtitan fetches each microbatch apart.
+    microbatches = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
+    batches = [loader.batch() for _ in range(2 * accumulation * microbatches)]
     data = iter(batches)
     instrument(trainer, tracker)
     with fast_tracing():

@@ -114,6 +114,29 @@ def pipeline_refusal(config, pp: int) -> str | None:
     return None
 
 
+def pipeline_stages_refusal(config, dims) -> str | None:
+    """Why torchtitan's ``pipeline_llm`` would refuse these stages on every
+    rank, or None: its own stage arithmetic, run here before any rank starts.
+    (The microbatch size against the local batch is checked at parse time.)"""
+    if dims.pp <= 1:
+        return None
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+        _get_pipeline_metadata,
+    )
+
+    p = config.parallelism
+    flag = f"--parallelism.pipeline_parallel_degree {dims.pp}"
+    try:
+        stages, layers, first, last = _get_pipeline_metadata(dims, p, config.model_spec.model)
+        _generate_llm_fqn_per_model_part(stages, layers, first, last)
+    except ValueError as exc:
+        return (f"{flag}: torchtitan cannot split the model into pipeline stages: {exc} "
+                "(--parallelism.pipeline_parallel_schedule, "
+                "--parallelism.pipeline_parallel_layers_per_stage)")
+    return None
+
+
 def context_parallel_refusal(config, cp: int) -> str | None:
     """Why ``cp`` context-parallel ranks cannot run on this recipe, or None.
 
@@ -164,6 +187,7 @@ def check_layout(config, ngpu: int, nnodes: int = 1) -> dict:
     except AssertionError as exc:
         raise _translate_parallel_dims(p, world, who, exc) from None
     refusal = (pipeline_refusal(config, dims.pp)
+               or pipeline_stages_refusal(config, dims)
                or context_parallel_refusal(config, dims.cp)
                or model_layout_refusal(config, dims.tp, dims.ep, dims.dp_shard))
     if refusal:

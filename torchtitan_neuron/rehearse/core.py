@@ -92,7 +92,9 @@ def _run_steps(trainer, backend, fake_mode, report: Report) -> None:
 
     accumulation = trainer.gradient_accumulation_steps
     loader = trainer.dataloader
-    data = iter([loader.batch() for _ in range(2 * accumulation)])
+    # Under pipeline parallelism torchtitan fetches each microbatch apart.
+    microbatches = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
+    data = iter([loader.batch() for _ in range(2 * accumulation * microbatches)])
     eager = EagerOps()
     backend.eager = eager
     for step in (1, 2):

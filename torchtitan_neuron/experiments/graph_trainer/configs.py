@@ -13,7 +13,9 @@ from collections.abc import Callable
 from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.experiments.graph_trainer.chunked_loss import ChunkedLossWrapperWithParamGrads
+from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.experiments.graph_trainer.configs import to_graph_trainer_config
+from torchtitan.experiments.graph_trainer.graph_pp.pipeline import graph_pipeline_llm
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
@@ -47,6 +49,12 @@ def neuron_simple_fsdp(
     # project applies the base recipe's own choice per block.
     graph_config.activation_checkpoint = base.activation_checkpoint
     graph_config.model_spec.name = model_name
+    # graph_trainer's specs pipeline with GraphPP, which torchtitan 0.3.0 runs
+    # only in aot_fx_trace mode. In jit mode the stages come from torchtitan's
+    # own pipeline_llm, each stage through the spec's parallelize_fn (TP, AC,
+    # SimpleFSDP, bucketing and compile, per stage). Row pp-jit-stages.
+    if graph_config.model_spec.pipelining_fn is graph_pipeline_llm:
+        graph_config.model_spec.pipelining_fn = pipeline_llm
     graph_config.dataloader = layout_invariant(graph_config.dataloader)
     # The same chunked loss, with lm_head gathered once per microbatch under SimpleFSDP.
     if type(graph_config.loss) is ChunkedLossWrapperWithParamGrads.Config:

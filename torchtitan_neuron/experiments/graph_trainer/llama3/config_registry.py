@@ -4,8 +4,8 @@ Each recipe starts from an upstream torchtitan recipe and adds the Neuron
 pieces: SDPA attention, the prefix-cache rotary path, and torch.compile on the
 ``neuron`` backend over the model, the loss and gradient-norm clipping.
 ``neuron_simple_fsdp`` then makes it a SimpleFSDP GraphTrainer recipe in jit
-mode. SimpleFSDP shards across every rank; only the long-sequence recipes pin
-a degree, their context parallelism.
+mode. SimpleFSDP shards across every rank; only the long-sequence and the
+pipelined recipes pin a degree, their context or pipeline parallelism.
 """
 
 from collections.abc import Callable
@@ -89,4 +89,14 @@ def simple_fsdp_llama3_debugmodel_cp2() -> NeuronGraphTrainer.Config:
     with context parallelism 2 (NGPU=2: CP2; NGPU=4: CP2 x FSDP2)."""
     config = _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel)
     config.parallelism.context_parallel_degree = 2
+    return config
+
+
+def simple_fsdp_llama3_debugmodel_pp2() -> NeuronGraphTrainer.Config:
+    """The debug model in 2 pipeline stages of 2 virtual stages each
+    (torchtitan's default Interleaved1F1B, 4 microbatches of 1):
+    NGPU=4 is PP2 x FSDP2. Only the last stage's ranks see the loss:
+    LOG_RANK=2 shows it."""
+    config = _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel)
+    config.parallelism.pipeline_parallel_degree = 2
     return config
