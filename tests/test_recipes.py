@@ -90,6 +90,14 @@ CP_RECIPES = [
 ]
 
 
+def test_llama_70b_two_node_recipe():
+    config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_70b_tp8_fsdp16")
+    dims = _layout(config, 128)
+    assert (dims.tp, dims.dp_shard) == (8, 16)
+    assert type(config.activation_checkpoint) is FullAC.Config
+    assert (config.training.local_batch_size, config.training.global_batch_size) == (2, 128)
+
+
 def test_pipeline_recipe():
     config = parse(GRAPH_LLAMA, "simple_fsdp_llama3_debugmodel_pp2")
     dims = _layout(config, 4)

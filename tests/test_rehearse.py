@@ -10,7 +10,7 @@ the model graphs handed to the ``neuron`` backend hold one all-gather and
 one reduce-scatter per block (bucketing); the DeepSeek debug SimpleFSDP
 recipe at 4 ranks, the context-parallel debug recipe at 4 ranks (its key
 and value gathers over ``cp`` counted apart from FSDP's) and an eager recipe
-are ``ready``; a recipe whose model calls ``.item()`` in forward is ``not
+are ``ready``, and so is one rank of 128 (two trn2 hosts); a recipe whose model calls ``.item()`` in forward is ``not
 ready`` naming that file and line; a bad recipe exits 2 through
 ``COMM_MODE=rehearse ./run_train.sh``. Unit tests check the graph checks on
 hand-traced graphs, the verdict, and the neuron device module and NEFF cache
@@ -103,6 +103,18 @@ def test_context_parallel_recipe_is_ready_and_gathers_keys_over_cp():
     assert by_mesh["reduce_scatter_tensor over cp"] == 12, by_mesh
     assert by_mesh["all_gather_into_tensor over cp"] >= 12, by_mesh
     assert by_mesh["reduce_scatter_tensor over fsdp"] > 0, by_mesh
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_rank_of_two_nodes_is_ready():
+    # --ngpu 128 on trn2: two hosts of 64 NeuronCores; rank 0's is one of them.
+    code, report, err = _rehearse(LLAMA_MODULE, "simple_fsdp_llama3_debugmodel", 128,
+                                  "--training.global_batch_size", "512")
+    assert report is not None, err[-3000:]
+    assert code == 0 and report["ready"], report["reasons"]
+    assert report["notes"]["nodes"] == "2: rank 0's host is one of 2, with 64 of the 128 ranks"
+    assert report["notes"]["NeuronCores on this host"] == 64
 
 
 @pytest.mark.e2e

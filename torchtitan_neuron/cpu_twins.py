@@ -22,6 +22,7 @@ TWINS: dict[tuple[str, str], tuple[str, int]] = {
     (LLAMA, "simple_fsdp_llama3_8b_fullac"): ("simple_fsdp_llama3_debugmodel_fullac", 2),
     (LLAMA, "simple_fsdp_llama3_70b_fullac"): ("simple_fsdp_llama3_debugmodel_fullac", 2),
     (LLAMA, "simple_fsdp_llama3_8b_cp4_32k"): ("simple_fsdp_llama3_debugmodel_cp2", 2),
+    (LLAMA, "simple_fsdp_llama3_70b_tp8_fsdp16"): ("simple_fsdp_llama3_debugmodel_fullac", 2),
     (DEEPSEEK, "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16"):
         ("simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", 4),
     (DEEPSEEK, "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16_fac"):

@@ -37,12 +37,19 @@ def main(argv: list[str] | None = None) -> int:
 
     init_logger()
     try:
-        check_ngpu(opts.ngpu, devices.NEURON.name, devices.device_count(devices.NEURON.name))
+        cores = devices.device_count(devices.NEURON.name)
+        # Several nodes: --ngpu a multiple of a host's NeuronCores; this rank's
+        # host holds one node's share of them.
+        nodes = opts.ngpu // cores if opts.ngpu > cores and opts.ngpu % cores == 0 else 1
+        check_ngpu(opts.ngpu // nodes, devices.NEURON.name, cores)
         config = checked_config(opts, overrides)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
     report = rehearse(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config)
+    if nodes > 1:
+        report.notes["nodes"] = (f"{nodes}: rank 0's host is one of {nodes}, "
+                                 f"with {opts.ngpu // nodes} of the {opts.ngpu} ranks")
     if opts.json:
         print(json.dumps(report.to_json()), flush=True)
     else:

@@ -76,6 +76,22 @@ def simple_fsdp_llama3_8b_cp4_32k() -> NeuronGraphTrainer.Config:
     return config
 
 
+def simple_fsdp_llama3_70b_tp8_fsdp16() -> NeuronGraphTrainer.Config:
+    """Llama 3.1 70B on two trn2 nodes (NGPU=64 x NNODES=2): upstream's TP 8,
+    FSDP 16 over the rest, full AC, local batch 2, global batch 128 (4
+    accumulation steps).
+
+    The planner (docs/parallelisms.md has the table): one node OOMs even at
+    local batch 1 (111% of a core); on two, TP8 x FSDP16 at local batch 2
+    plans at 65% in both scratchpad modes, TP4 x FSDP32 at local batch 1 at
+    66%, local batch 1 at TP8 at 59%. Local batch 2 is the largest that keeps
+    more than 15% headroom, for fewer, larger microbatches."""
+    config = _neuron_simple_fsdp_llama3_config(llama3_70b, full_ac=True)
+    config.training.local_batch_size = 2
+    config.training.global_batch_size = 128
+    return config
+
+
 def simple_fsdp_llama3_debugmodel() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel)
 
