@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: install train test test-fast test-slow check-errors bench bench-cache bench-plan \
-	bench-documents bench-hf bench-ceiling clean
+	bench-documents bench-hf bench-ceiling bench-parallel clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -71,6 +71,12 @@ bench-plan: install
 # tiny Llama and DeepSeek recipes (about 4 minutes).
 bench-documents: install
 	$(PY) scripts/bench_documents.py
+
+# Expert against tensor parallelism (DeepSeek debug, 4 ranks) and context
+# parallelism's memory (Llama debug, seq 2048, 2 ranks), at equal work
+# (about 10 minutes). Figures in docs/parallelisms.md.
+bench-parallel: install
+	$(PY) scripts/bench_parallelisms.py
 
 # The Hugging Face hand-off figures of docs/hf.md: import, round trip and
 # export of each family's debug flavor against transformers (about 8 minutes).
