@@ -267,13 +267,7 @@ class NeuronTrainerMixin:
         needed = block or options.reset_positions_per_document
         if not needed and self._documents_noted:
             return inputs, labels, extra_kwargs
-        starts = document_starts(
-            inputs, getattr(self.tokenizer, "bos_id", None),
-            getattr(self.tokenizer, "eos_id", None),
-        )
-        if not self._documents_noted:
-            self._documents_noted = True
-            self._note_documents(starts, block)
+        starts = self._document_starts(inputs, block)
         if block:
             extra_kwargs["attention_masks"] = block_causal_mask(starts)
         if options.reset_positions_per_document:
@@ -289,13 +283,7 @@ class NeuronTrainerMixin:
         block = options.attn_mask_type == "block_causal"
         tokens = input_dict["input"]
         batch, seq_len = tokens.shape
-        starts = document_starts(
-            tokens, getattr(self.tokenizer, "bos_id", None),
-            getattr(self.tokenizer, "eos_id", None),
-        )
-        if not self._documents_noted:
-            self._documents_noted = True
-            self._note_documents(starts, block)
+        starts = self._document_starts(tokens, block)
         if options.reset_positions_per_document:
             input_dict = {**input_dict, "positions": document_positions(starts)}
         full_positions = input_dict.get("positions")
@@ -323,6 +311,17 @@ class NeuronTrainerMixin:
             device=inputs.device,
         )
         return inputs, labels, extra_kwargs
+
+    def _document_starts(self, tokens: torch.Tensor, block: bool) -> torch.Tensor:
+        """Where each packed document starts; the first batch's are noted once."""
+        starts = document_starts(
+            tokens, getattr(self.tokenizer, "bos_id", None),
+            getattr(self.tokenizer, "eos_id", None),
+        )
+        if not self._documents_noted:
+            self._documents_noted = True
+            self._note_documents(starts, block)
+        return starts
 
     def _note_documents(self, starts: torch.Tensor, block: bool) -> None:
         """One line on the first batch's packed documents."""
