@@ -56,7 +56,11 @@ from torchtitan_neuron.components.documents import (
     document_positions,
     document_starts,
 )
-from torchtitan_neuron.components.context_parallel import local_attention_mask, token_order
+from torchtitan_neuron.components.context_parallel import (
+    local_attention_mask,
+    rank_positions,
+    token_order,
+)
 
 GRAD_CLIP_COMPONENT = "grad_clip"
 # Set to a step number to measure that step's tensor memory on the real
@@ -291,14 +295,14 @@ class NeuronTrainerMixin:
         cp_mesh = self.parallel_dims.get_mesh("cp")
         balancer = self.config.parallelism.context_parallel_load_balancer
         cp_degree, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
-        local = seq_len // cp_degree
-        queries = token_order(seq_len, cp_degree, balancer)[cp_rank * local:(cp_rank + 1) * local]
         if (full_positions is not None and not self._cp_order_checked
                 and not is_fake(full_positions)):
             # torchtitan sharded the positions with its balancer: this rank's
             # must be the rows the mask gives its queries. (Real tensors only:
             # the planner's have no values.)
             self._cp_order_checked = True
+            queries = rank_positions(token_order(seq_len, cp_degree, balancer),
+                                     cp_degree, cp_rank)
             sharded = extra_kwargs["positions"].cpu()
             if not torch.equal(sharded, full_positions.cpu()[:, queries]):
                 raise RuntimeError(

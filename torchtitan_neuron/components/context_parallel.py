@@ -67,6 +67,12 @@ def token_order(seq_len: int, cp_degree: int, load_balancer: str | None) -> torc
     return order.reshape(-1).long().cpu()
 
 
+def rank_positions(order: torch.Tensor, cp_degree: int, cp_rank: int) -> torch.Tensor:
+    """The positions ``cp_rank`` holds, from ``token_order``'s ``order``."""
+    local = order.numel() // cp_degree
+    return order[cp_rank * local:(cp_rank + 1) * local]
+
+
 def local_attention_mask(
     batch: int,
     seq_len: int,
@@ -81,8 +87,7 @@ def local_attention_mask(
     ``(batch, seq)`` document ids of the whole rows, see ``document_ids``)
     also closed across documents."""
     order = token_order(seq_len, cp_degree, load_balancer).to(device)
-    local = seq_len // cp_degree
-    queries = order[cp_rank * local:(cp_rank + 1) * local]
+    queries = rank_positions(order, cp_degree, cp_rank)
     mask = (order.unsqueeze(0) <= queries.unsqueeze(1)).unsqueeze(0)
     if documents is not None:
         documents = documents.to(device)
@@ -126,9 +131,8 @@ def apply_gathered_cp(model: torch.nn.Module, cp_mesh, seq_len: int,
     Raises ``ValueError`` naming the attention that is not SDPA."""
     group = cp_mesh.get_group()
     cp_degree, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
-    local = seq_len // cp_degree
     runs = position_runs(
-        token_order(seq_len, cp_degree, load_balancer)[cp_rank * local:(cp_rank + 1) * local])
+        rank_positions(token_order(seq_len, cp_degree, load_balancer), cp_degree, cp_rank))
     changed = 0
     for name, block in model.layers.items():
         rope = getattr(block.attention, "rope", None)

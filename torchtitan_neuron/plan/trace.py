@@ -15,7 +15,7 @@ from torchtitan_neuron.memory_accounting.sharded_state import state_bytes
 from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker, instrument
 from torchtitan_neuron.plan.backend import PlanBackend
 from torchtitan_neuron.tracing.patches import fast_tracing
-from torchtitan_neuron.tracing.world import build_fake_trainer, traced_config
+from torchtitan_neuron.tracing.world import build_fake_trainer, traced_config, two_steps_of_batches
 
 
 def prepare_config(config, target: str, backend: PlanBackend, neuron: bool = False) -> None:
@@ -57,11 +57,7 @@ def trace_step(trainer, backend: PlanBackend, tracker: StorageTracker) -> dict[s
     the earlier ones held), so two stand for any number.
     """
     accumulation = trainer.gradient_accumulation_steps
-    loader = trainer.dataloader
-    # Under pipeline parallelism torchtitan fetches each microbatch apart.
-    microbatches = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
-    batches = [loader.batch() for _ in range(2 * accumulation * microbatches)]
-    data = iter(batches)
+    data = iter(two_steps_of_batches(trainer))
     instrument(trainer, tracker)
     with fast_tracing():
         trainer.step = 1

@@ -90,11 +90,9 @@ def _run_steps(trainer, backend, fake_mode, report: Report) -> None:
     from torchtitan_neuron.rehearse.checks import EagerOps
     from torchtitan_neuron.tracing.neuron_device import HostToFakeDevice
 
-    accumulation = trainer.gradient_accumulation_steps
-    loader = trainer.dataloader
-    # Under pipeline parallelism torchtitan fetches each microbatch apart.
-    microbatches = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
-    data = iter([loader.batch() for _ in range(2 * accumulation * microbatches)])
+    from torchtitan_neuron.tracing.world import two_steps_of_batches
+
+    data = iter(two_steps_of_batches(trainer))
     eager = EagerOps()
     backend.eager = eager
     for step in (1, 2):

@@ -70,3 +70,13 @@ def build_fake_trainer(config, hook, fake_mode):
     ``fake_mode``, built with ``hook`` (``StepHook``)."""
     with fake_model_state(fake_mode):
         return config.build(step_hook=hook)
+
+
+def two_steps_of_batches(trainer) -> list:
+    """The batches steps 1 and 2 draw from ``trainer``'s loader: one per
+    gradient-accumulation step, and under pipeline parallelism one per
+    microbatch, since torchtitan then fetches each microbatch apart."""
+    microbatches = getattr(trainer, "num_pipeline_parallel_microbatches", 1)
+    loader = trainer.dataloader
+    return [loader.batch()
+            for _ in range(2 * trainer.gradient_accumulation_steps * microbatches)]
