@@ -1,7 +1,7 @@
 """GPT-OSS on SimpleFSDP, trained, resumed, planned and rehearsed as a user would.
 
 Proves: the SimpleFSDP GPT-OSS debug flavor gives the same per-step losses
-(fp32, one seed and data, block-causal attention, within 1e-4) on 1 rank, on
+(fp32, one seed and data, block-causal attention, within 1e-5) on 1 rank, on
 FSDP2 (2 ranks) and on TP2 x FSDP2 (4 ranks), falling, with the expert
 imbalance printed every step and the expert biases moving; 10 steps with a
 checkpoint at 5 equal the same run resumed from its step-5 checkpoint (the
@@ -55,7 +55,7 @@ def test_simple_fsdp_gpt_oss_matches_one_rank(tmp_path, ngpu, config, layout):
     # Global batch 4 in both: 1 rank accumulates 2 micro-batches, the other
     # layouts have 2 data-parallel ranks.
     assert proc.returncode == 0, proc.output[-4000:]
-    assert float(re.search(r"max_rel_diff=(\S+)", proc.output)[1]) <= 1e-4
+    assert float(re.search(r"max_rel_diff=(\S+)", proc.output)[1]) <= 1e-5
     result = Run(0, (tmp_path / "b.log").read_text())
     steps = result.steps
     assert [s.step for s in steps] == [1, 2, 3] and all(math.isfinite(s.loss) for s in steps)

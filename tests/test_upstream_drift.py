@@ -252,6 +252,9 @@ PINNED: dict[str, dict[str, str]] = {
         "torch.distributed.tensor.experimental._context_parallel._load_balancer:"
         "_HeadTailLoadBalancer._generate_indices": "251eda0ebe3bc865",
     },
+    "gpt-oss-rowwise-bias-grad": {
+        "torchtitan.models.common.linear:ScaledBiasRowwiseLinear.forward": "74254752a2af4095",
+    },
     "ep-experts-before-ac": {
         "torchtitan.experiments.graph_trainer.common_utils:apply_simple_fsdp": "ac3da2d32b8ace0a",
     },

@@ -24,7 +24,7 @@ from torchtitan_neuron.components.model_config import neuron_spec
 from torchtitan_neuron.components.moe import register_load_balancing_hook
 # Importing the experts registers them with ExpertKernelConverter.
 from torchtitan_neuron.models.gpt_oss import experts  # noqa: F401
-from torchtitan_neuron.models.gpt_oss.attention import use_sdpa_sink_model
+from torchtitan_neuron.models.gpt_oss.attention import use_rowwise_bias_linear, use_sdpa_sink_model
 from torchtitan_neuron.models.gpt_oss.state_dict_adapter import GptOssHFStateDictAdapter
 
 # The CPU debug model: upstream's debugmodel (dim 256, 4 layers, 64 query and
@@ -78,6 +78,9 @@ def model_registry(
     # instead of SDPA's float copy of a boolean mask inside every layer
     # (docs/gpt_oss_attention.md).
     config = use_sdpa_sink_model(config)
+    # The output projection's bias gets its one-device gradient under TP
+    # (row gpt-oss-rowwise-bias-grad).
+    use_rowwise_bias_linear(config)
     # The adapter that maps the experts (upstream's drops them: row
     # gpt-oss-hf-adapter of docs/upstream-workarounds.md).
     spec = replace(_upstream_spec(flavor), model=config,

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from torchtitan.models.common.linear import ScaledBiasRowwiseLinear
 from torchtitan.models.gpt_oss.model import Attention, GptOssModel
 from torchtitan.protocols.module import Module
 
@@ -414,3 +415,36 @@ def use_sdpa_sink_model(model_config) -> SdpaSinkGptOssModel.Config:
         )
     use_sdpa_sink_attention(model_config)
     return promote(model_config, SdpaSinkGptOssModel.Config)
+
+
+class RowwiseBiasLinear(ScaledBiasRowwiseLinear):
+    """Upstream's ``ScaledBiasRowwiseLinear`` with the bias gradient of one rank.
+
+    Each TP rank adds ``bias / tp_degree`` to its partial output, so the sum
+    over the TP ranks holds one bias. Upstream divides with an ordinary
+    differentiable division, so autograd divides each rank's bias gradient by
+    ``tp_degree`` too, and ``to_local()`` keeps the replicated placement:
+    nothing sums it over TP, and every rank's bias gradient is ``1 / tp_degree``
+    of the one-device gradient (measured: exactly half at TP2). Here the scaled
+    value is ``bias + (bias / tp - bias).detach()``: the same forward, with
+    derivative 1 (the fix of pytorch/torchtitan PR #4332). Row
+    ``gpt-oss-rowwise-bias-grad`` of docs/upstream-workarounds.md."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ScaledBiasRowwiseLinear.Config):
+        pass
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
+        if bias is not None and self.tp_degree > 1:
+            bias = bias + (bias / self.tp_degree - bias).detach()
+        return F.linear(input, weight, bias)
+
+
+def use_rowwise_bias_linear(model_config) -> None:
+    """Every layer's ``attention.wo`` as ``RowwiseBiasLinear`` (in place)."""
+    for layer in model_config.layers:
+        wo = layer.attention.wo
+        if type(wo) is ScaledBiasRowwiseLinear.Config:
+            layer.attention.wo = promote(wo, RowwiseBiasLinear.Config)
