@@ -18,7 +18,8 @@ AOTAutograd (the path every backend, ``neuron`` included, receives):
   ``simple-fsdp-bucketing`` row of docs/upstream-workarounds.md rests on).
 
 The losses of real recipes trained with and without bucketing are compared
-at the end of this file.
+at the end of this file (DeepSeek's bucketed EP and TP x EP runs are checked
+against 1 rank in test_deepseek.py).
 
 Tier: e2e; the 2-rank FSDP test in ``make test`` (14 s on the 2-core
 machine), the 4-rank TP x FSDP test (36 s) and the real recipes in
@@ -308,7 +309,6 @@ def test_tp_by_fsdp_one_gather_per_block_equal_results():
 # ---------------------------------------------------------------------------
 # Real recipes, launched as a user would (slow tier)
 
-DEEPSEEK_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 FP32 = ["--training.mixed_precision_param", "float32"]
 RECIPES = {
     # name: (ranks, module, config, extra flags)
@@ -316,8 +316,6 @@ RECIPES = {
     "llama-selective-ac-bf16": (2, None, None, []),
     # fp32 throughout (torch's differentiable functional all-gather)
     "llama-full-ac-fp32": (2, None, None, [*FP32, "activation-checkpoint:full"]),
-    "deepseek-tp2-fsdp2-fp32": (4, DEEPSEEK_MODULE,
-                                "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", FP32),
 }
 
 

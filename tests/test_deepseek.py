@@ -1,16 +1,14 @@
 """DeepSeek-V3 and the plain-FSDP recipes, trained as a user would.
 
-Proves: the SimpleFSDP DeepSeek debug recipe trains on 4 CPU ranks as
-TP2 x FSDP2 through run_train.sh (finite, falling loss) with the same per-step
-losses as 1 rank over 3 steps (fp32, same seed and data, within 1e-4; both
-with block-causal attention, so documents stay isolated through MLA), prints
-the expert load imbalance each step, and its expert biases move between
-steps; under expert parallelism (EP2 x FSDP4 on 4 ranks, experts sharded
-over EP and expert-FSDP, tokens dispatched by all-to-all inside the compiled
-step) it gives the 1-rank losses over 6 steps within 1e-5 relative and still
-prints the balance line, and its step-3 checkpoint resumes bit for bit at EP2
-and at EP1 (FSDP2) within 1e-5 of the 1-rank run; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek
-as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
+Proves: the SimpleFSDP DeepSeek debug recipe, under expert parallelism
+(EP2 x FSDP4 on 4 CPU ranks through run_train.sh, experts sharded over EP and
+expert-FSDP, tokens dispatched by all-to-all inside the compiled step), gives
+the 1-rank losses over 6 steps within 1e-5 relative (fp32, same seed and
+data, block-causal attention, so documents stay isolated through MLA), with
+a falling loss, the expert load imbalance printed each step and the expert
+biases moving, SimpleFSDP's gathers bucketed; its step-3 checkpoint resumes at TP2 x EP2 x FSDP2 (4 ranks)
+and at EP1 (FSDP2, 2 ranks), each within 1e-5 of the 1-rank run; the
+plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
 test_correctness.py).
 
 Tier: e2e, in ``make test-slow``.
@@ -41,34 +39,10 @@ def _finite_and_falling(result, n_steps):
     assert steps[-1].loss < steps[0].loss
 
 
-def test_simple_fsdp_deepseek_tp2_fsdp2_trains_balances_and_matches_one_rank(tmp_path):
-    recipe = f"PREFLIGHT=0 MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
-    proc = run_command(
-        [sys.executable, "scripts/loss_compare.py", "--steps", "3",
-         "--out", str(tmp_path),
-         "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
-         "--b", f"NGPU=4 {recipe}",
-         "--", "--training.global_batch_size", "4", "--model.attn_mask_type", "block_causal"],
-        timeout=1200,
-    )
-    # Same seed, same data, fp32: 1 rank (2 accumulation steps) and TP2 x FSDP2.
-    assert proc.returncode == 0, proc.output[-4000:]
-    assert float(re.search(r"max_rel_diff=(\S+)", proc.output)[1]) <= 1e-4
-
-    result = Run(0, (tmp_path / "b.log").read_text())
-    _finite_and_falling(result, 3)
-    assert "tp=2" in result.output and "dp_shard=2" in result.output
-    assert "cross a document boundary" not in result.output  # block_causal is on
-    balance = [(int(s), float(i), float(b)) for s, i, b in _BALANCE.findall(result.output)]
-    assert [s for s, _, _ in balance] == list(range(1, 4))
-    assert all(i >= 1.0 for _, i, _ in balance)
-    spreads = [b for _, _, b in balance]
-    assert spreads[0] > 0 and len(set(spreads)) > 1, spreads  # biases move every step
-
-
-def test_simple_fsdp_deepseek_ep2_fsdp_matches_one_rank(tmp_path):
-    """EP2 x FSDP4 against 1 rank; its step-3 checkpoint resumes bit for bit
-    at EP2 and, at EP1 (FSDP2 on 2 ranks), gives the 1-rank run's losses."""
+def test_simple_fsdp_deepseek_ep_and_tp_match_one_rank_and_resume_across_layouts(tmp_path):
+    """EP2 x FSDP4 against 1 rank over 6 steps; its step-3 checkpoint resumes
+    at TP2 x EP2 x FSDP2 (4 ranks) and at EP1 (FSDP2, 2 ranks), each within
+    1e-5 of the 1-rank run."""
     recipe = f"PREFLIGHT=0 MODULE={DS_MODULE} CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2"
     proc = run_command(
         [sys.executable, "scripts/loss_compare.py", "--steps", "6", "--rtol", "1e-5",
@@ -77,7 +51,7 @@ def test_simple_fsdp_deepseek_ep2_fsdp_matches_one_rank(tmp_path):
          "--b", f"NGPU=4 {recipe} --parallelism.tensor_parallel_degree 1 "
                 "--parallelism.expert_parallel_degree 2 "
                 "--checkpoint.enable --checkpoint.interval 3",
-         "--", "--training.global_batch_size", "8"],
+         "--", "--training.global_batch_size", "8", "--model.attn_mask_type", "block_causal"],
         timeout=1200,
     )
     assert proc.returncode == 0, proc.output[-4000:]
@@ -85,32 +59,36 @@ def test_simple_fsdp_deepseek_ep2_fsdp_matches_one_rank(tmp_path):
     result = Run(0, (tmp_path / "b.log").read_text())
     _finite_and_falling(result, 6)
     assert "dp_shard=4, cp=1, tp=1, ep=2" in result.output
-    assert [int(s) for s, _, _ in _BALANCE.findall(result.output)] == list(range(1, 7))
+    assert "SimpleFSDP bucketing:" in result.output  # bucketed, against 1 rank
+    assert "cross a document boundary" not in result.output  # block_causal is on
+    balance = [(int(s), float(i), float(b)) for s, i, b in _BALANCE.findall(result.output)]
+    assert [s for s, _, _ in balance] == list(range(1, 7))
+    assert all(i >= 1.0 for _, i, _ in balance)
+    spreads = [b for _, _, b in balance]
+    assert spreads[0] > 0 and len(set(spreads)) > 1, spreads  # biases move every step
     one = Run(0, (tmp_path / "a.log").read_text()).steps
 
     from conftest import run_train
     from loss_compare import common_flags
 
     flags = [*common_flags(6, 0, 256, 2), "--training.global_batch_size", "8",
-             "--parallelism.tensor_parallel_degree", "1", "--checkpoint.enable",
-             "--checkpoint.interval", "3"]
-    for name in ("ep2", "ep1"):
+             "--model.attn_mask_type", "block_causal",
+             "--checkpoint.enable", "--checkpoint.interval", "3"]
+    layouts = {
+        "tp2_ep2": (4, ["--parallelism.expert_parallel_degree", "2"], "tp=2, ep=2"),
+        "ep1": (2, ["--parallelism.tensor_parallel_degree", "1"], "tp=1, ep=1"),
+    }
+    for name, (ngpu, extra, layout) in layouts.items():
         shutil.copytree(tmp_path / "b" / "checkpoint" / "step-3",
                         tmp_path / name / "checkpoint" / "step-3")
-    ep2 = run_train([*flags, "--parallelism.expert_parallel_degree", "2"], ngpu=4,
-                    module=DS_MODULE, config="simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2",
-                    dump_folder=tmp_path / "ep2")
-    assert ep2.returncode == 0, ep2.output[-4000:]
-    assert [(s.step, s.loss, s.grad_norm) for s in ep2.steps] == [
-        (s.step, s.loss, s.grad_norm) for s in result.steps[3:]]
-    ep1 = run_train(flags, ngpu=2, module=DS_MODULE,
-                    config="simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2",
-                    dump_folder=tmp_path / "ep1")
-    assert ep1.returncode == 0, ep1.output[-4000:]
-    assert "ep=1" in ep1.output
-    assert [s.step for s in ep1.steps] == [4, 5, 6]
-    for mine, ref in zip(ep1.steps, one[3:]):
-        assert abs(mine.loss - ref.loss) <= 1e-5 * abs(ref.loss), (ep1.steps, one)
+        run = run_train([*flags, *extra], ngpu=ngpu, module=DS_MODULE,
+                        config="simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2",
+                        dump_folder=tmp_path / name)
+        assert run.returncode == 0, run.output[-4000:]
+        assert layout in run.output and "step-3" in run.output
+        assert [s.step for s in run.steps] == [4, 5, 6]
+        for mine, ref in zip(run.steps, one[3:]):
+            assert abs(mine.loss - ref.loss) <= 1e-5 * abs(ref.loss), (name, run.steps, one)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 Proves: the SimpleFSDP GPT-OSS debug flavor gives the same per-step losses
 (fp32, one seed and data, block-causal attention, within 1e-5) on 1 rank, on
-FSDP2 (2 ranks) and on TP2 x FSDP2 (4 ranks), falling, with the expert
+FSDP2 (2 ranks) and on TP2 x EP2 x FSDP2 (4 ranks), falling, with the expert
 imbalance printed every step and the expert biases moving; 10 steps with a
 checkpoint at 5 equal the same run resumed from its step-5 checkpoint (the
 step-10 checkpoint removed, so the resume starts at step 6 with the 10-step
@@ -40,8 +40,9 @@ PARITY = [
 
 
 @pytest.mark.parametrize("ngpu, config, layout", [
-    (2, "simple_fsdp_gpt_oss_debugmodel", "tp=1"),
-    (4, "simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2", "tp=2"),
+    (2, "simple_fsdp_gpt_oss_debugmodel", "tp=1, ep=1"),
+    (4, "simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2 --parallelism.expert_parallel_degree 2",
+     "tp=2, ep=2"),
 ])
 def test_simple_fsdp_gpt_oss_matches_one_rank(tmp_path, ngpu, config, layout):
     side = f"PREFLIGHT=0 MODULE={GPT_OSS}"
