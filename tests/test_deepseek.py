@@ -1,14 +1,16 @@
 """DeepSeek-V3 and the plain-FSDP recipes, trained as a user would.
 
-Proves: the SimpleFSDP DeepSeek debug recipe, under expert parallelism
-(EP2 x FSDP4 on 4 CPU ranks through run_train.sh, experts sharded over EP and
-expert-FSDP, tokens dispatched by all-to-all inside the compiled step), gives
-the 1-rank losses over 6 steps within 1e-5 relative (fp32, same seed and
-data, block-causal attention, so documents stay isolated through MLA), with
-a falling loss, the expert load imbalance printed each step and the expert
-biases moving, SimpleFSDP's gathers bucketed; its step-3 checkpoint resumes at TP2 x EP2 x FSDP2 (4 ranks)
-and at EP1 (FSDP2, 2 ranks), each within 1e-5 of the 1-rank run; the
-plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek as FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
+Proves: the SimpleFSDP DeepSeek debug EP recipe
+(``simple_fsdp_deepseek_v3_debugmodel_nki_ep2``: EP2 x FSDP4 on 4 CPU ranks
+through run_train.sh, experts sharded over EP and expert-FSDP, tokens
+dispatched by all-to-all inside the compiled step), gives the 1-rank losses
+over 6 steps within 1e-5 relative (fp32, same seed and data, block-causal
+attention, so documents stay isolated through MLA), with a falling loss, the
+expert load imbalance printed each step and the expert biases moving,
+SimpleFSDP's gathers bucketed; its step-3 checkpoint resumes at TP2 x EP2 x
+FSDP2 (4 ranks) and at EP1 (FSDP2, 2 ranks), each within 1e-5 of the 1-rank
+run; the plain-FSDP tiny flavors train on 2 ranks: Qwen3 as TP2, DeepSeek as
+FSDP2 (the plain Llama FSDP2 recipe is trained against SimpleFSDP TP2 in
 test_correctness.py).
 
 Tier: e2e, in ``make test-slow``.
@@ -48,8 +50,8 @@ def test_simple_fsdp_deepseek_ep_and_tp_match_one_rank_and_resume_across_layouts
         [sys.executable, "scripts/loss_compare.py", "--steps", "6", "--rtol", "1e-5",
          "--out", str(tmp_path),
          "--a", f"NGPU=1 {recipe} --parallelism.tensor_parallel_degree 1",
-         "--b", f"NGPU=4 {recipe} --parallelism.tensor_parallel_degree 1 "
-                "--parallelism.expert_parallel_degree 2 "
+         "--b", f"NGPU=4 PREFLIGHT=0 MODULE={DS_MODULE} "
+                "CONFIG=simple_fsdp_deepseek_v3_debugmodel_nki_ep2 "
                 "--checkpoint.enable --checkpoint.interval 3",
          "--", "--training.global_batch_size", "8", "--model.attn_mask_type", "block_causal"],
         timeout=1200,

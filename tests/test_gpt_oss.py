@@ -7,8 +7,8 @@ imbalance printed every step and the expert biases moving; 10 steps with a
 checkpoint at 5 equal the same run resumed from its step-5 checkpoint (the
 step-10 checkpoint removed, so the resume starts at step 6 with the 10-step
 schedule), loss and grad norm bit for bit; the planner gives a verdict for
-every GPT-OSS debug recipe at its ranks; the Neuron rehearsal says ``ready``
-for the SimpleFSDP debug flavors.
+every GPT-OSS debug recipe at its ranks, the TP2 x EP2 one included; the
+Neuron rehearsal says ``ready`` for the SimpleFSDP debug flavors.
 
 Tier: e2e, in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_gpt_oss.py -q
@@ -41,8 +41,7 @@ PARITY = [
 
 @pytest.mark.parametrize("ngpu, config, layout", [
     (2, "simple_fsdp_gpt_oss_debugmodel", "tp=1, ep=1"),
-    (4, "simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2 --parallelism.expert_parallel_degree 2",
-     "tp=2, ep=2"),
+    (4, "simple_fsdp_gpt_oss_debugmodel_tp2_ep2", "tp=2, ep=2"),
 ])
 def test_simple_fsdp_gpt_oss_matches_one_rank(tmp_path, ngpu, config, layout):
     side = f"PREFLIGHT=0 MODULE={GPT_OSS}"
@@ -102,6 +101,7 @@ def _tool(tool: str, module: str, config: str, ngpu: int, *extra: str):
     (GPT_OSS, "simple_fsdp_gpt_oss_debugmodel", 2, 1),
     (GPT_OSS, "simple_fsdp_gpt_oss_debugmodel_fullac", 2, 1),
     (GPT_OSS, "simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2", 4, 2),
+    (GPT_OSS, "simple_fsdp_gpt_oss_debugmodel_tp2_ep2", 4, 2),
     (PLAIN_GPT_OSS, "gpt_oss_debugmodel_neuron_tp2_fsdp2", 4, 2),
 ])
 def test_planner_gives_a_verdict_for_each_debug_recipe(module, config, ngpu, tp):
@@ -109,6 +109,8 @@ def test_planner_gives_a_verdict_for_each_debug_recipe(module, config, ngpu, tp)
     assert code == 0, plan
     assert plan["fits"] is True and plan["peak_gib"] > 0
     assert plan["layout"]["tp"] == tp and plan["layout"]["dp_shard"] == ngpu // tp
+    if config.endswith("_ep2"):  # planned with the EP all-to-all (row plan-ep-splits)
+        assert plan["layout"]["ep"] == 2 and plan["layout"]["ep_imbalance"] == 2.0
 
 
 @pytest.mark.parametrize("config, ngpu", [

@@ -25,6 +25,7 @@ Run: .venv/bin/python -m pytest tests/test_parallelisms.py -q
 """
 
 import pytest
+import torch
 from torchtitan.config import ConfigManager
 
 from torchtitan_neuron import devices
@@ -63,16 +64,45 @@ def test_on_cuda_upstreams_cuda_graph_refusal_stands(monkeypatch, capsys):
     assert config.parallelism.expert_parallel_degree == 2
 
 
-def test_the_planner_refuses_expert_parallelism_before_tracing(capsys):
-    # Traced on FakeTensors, the token all-to-all's split sizes have no values.
+def test_traced_ep_splits_are_even_sends_and_imbalanced_receives():
+    # Row plan-ep-splits: the split sizes the planner and the rehearsal trace
+    # with, from the rows dispatch routes (tokens x top_k).
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    from torchtitan_neuron.tracing import patches
+
+    dispatcher = AllToAllTokenDispatcher.__new__(AllToAllTokenDispatcher)
+    dispatcher.top_k, dispatcher.ep_mesh = 2, None
+    x, scores = torch.randn(5, 3), torch.rand(5, 2)
+    ids = torch.tensor([[0, 1], [0, 3], [0, 1], [0, 3], [2, 3]])
+    counts = torch.bincount(ids.view(-1), minlength=4)
+    # What dispatch sees under EP: the dispatcher's attributes, balanced splits.
+    view = patches._RoutedRows(dispatcher, 10, 1.5)
+    assert view.top_k == 2 and view._local_reorder.__self__ is dispatcher
+    out, send, receive = view._sync_token_count_exchange(counts, counts.view(2, 2), 2)
+    assert send == [5, 5] and receive == [8, 8]  # ceil(1.5 x 10 / 2)
+    assert out.tolist() == counts.tolist()
+    # Upstream's own method reads the counts: 6 rows for experts 0-1, 4 for 2-3.
+    _, send, receive = dispatcher._sync_token_count_exchange(counts, counts.view(2, 2), 2)
+    assert send == [6, 4] and receive == [6, 4]
+    # Without EP, upstream's dispatch runs as is; the patch is undone on exit.
+    upstream = AllToAllTokenDispatcher.dispatch
+    with patches.balanced_expert_routing(1.5):
+        assert AllToAllTokenDispatcher.dispatch is not upstream
+        rows, tokens, _ = AllToAllTokenDispatcher.dispatch(dispatcher, x, scores, ids, counts)
+    assert rows.shape == (10, 3) and tokens.tolist() == counts.tolist()
+    assert AllToAllTokenDispatcher.dispatch is upstream
+
+
+def test_the_planner_refuses_an_ep_imbalance_below_the_mean(capsys):
     from torchtitan_neuron.plan.__main__ import main
 
     code = main(["--module", DEEPSEEK_SIMPLE_FSDP[0], "--config", "simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16",
                  "--ngpu", "64", "--target", "trn2", "--parallelism.tensor_parallel_degree", "1",
-                 "--parallelism.expert_parallel_degree", "8"])
+                 "--parallelism.expert_parallel_degree", "8", "--ep-imbalance", "0.5"])
     assert code == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "--parallelism.expert_parallel_degree 8: the planner does not plan expert parallelism yet" in err
+    assert "--ep-imbalance 0.5: an EP rank receives at least the mean" in err
 
 
 def test_the_planner_refuses_pipeline_stages_before_tracing(capsys):

@@ -8,7 +8,7 @@ step line's memory figure read after ``torch.neuron.synchronize()``, the
 ``neuron`` compile backend resolved to the stand-in, SDPA on the fused op);
 the model graphs handed to the ``neuron`` backend hold one all-gather and
 one reduce-scatter per block (bucketing); the DeepSeek debug SimpleFSDP
-recipe at 4 ranks, the context-parallel debug recipe at 4 ranks (its key
+recipe at 4 ranks as TP2 x EP2 (its all-to-alls over ``ep`` counted), the context-parallel debug recipe at 4 ranks (its key
 and value gathers over ``cp`` counted apart from FSDP's) and an eager recipe
 are ``ready``, and so is one rank of 128 (two trn2 hosts); a recipe whose model calls ``.item()`` in forward is ``not
 ready`` naming that file and line; a bad recipe exits 2 through
@@ -119,12 +119,20 @@ def test_a_rank_of_two_nodes_is_ready():
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_debug_deepseek_simple_fsdp_is_ready_at_four_ranks():
+def test_ep_recipe_is_ready_with_its_all_to_alls_over_ep():
+    # The DeepSeek debug recipe as TP2 x EP2 x FSDP2: each of its 5 MoE layers
+    # exchanges token counts, dispatches and combines by all-to-all over ep in
+    # forward (3 each), and sends the gradients back the other way in backward
+    # (2 each); the split sizes come from plan-ep-splits.
     code, report, err = _rehearse(
-        DEEPSEEK_MODULE, "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", 4)
+        DEEPSEEK_MODULE, "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2", 4,
+        "--parallelism.expert_parallel_degree", "2")
     assert report is not None, err[-3000:]
     assert code == 0 and report["ready"], report["reasons"]
-    assert report["collectives"]["all_gather_into_tensor"]["count"] > 0
+    by_mesh = report["collectives_by_mesh"]
+    assert by_mesh["all_to_all_single over ep"] == 25, by_mesh
+    assert by_mesh["all_gather_into_tensor over efsdp"] > 0, by_mesh
+    assert by_mesh["all_gather_into_tensor over fsdp"] > 0, by_mesh
 
 
 @pytest.mark.e2e

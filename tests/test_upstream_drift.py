@@ -343,6 +343,18 @@ PINNED: dict[str, dict[str, str]] = {
         "torch._functorch._aot_autograd.graph_compile:_log_fw_bw_graphs": "b70cf72fc73b475a",
     },
     "plan-sac-detach": {"torch.utils.checkpoint:_detach_helper": "27afb262e06c34c5"},
+    "plan-ep-splits": {
+        # Reads the exchanged token counts back with .tolist(); FakeTensors have none.
+        "torchtitan.models.common.token_dispatcher:"
+        "AllToAllTokenDispatcher._sync_token_count_exchange": "6df451b24ec72516",
+        # Its (N, D) rows, sent by the dispatch all-to-all: N = tokens x top_k.
+        "torchtitan.models.common.token_dispatcher:"
+        "LocalTokenDispatcher._local_reorder": "bc94633dc919e9dd",
+        # Takes the (tokens, dim) input first, reorders it by _local_reorder,
+        # then sizes the all-to-all and _permute from the splits.
+        "torchtitan.models.common.token_dispatcher:"
+        "AllToAllTokenDispatcher.dispatch": "d029017945502c06",
+    },
     "cpu-attention-sac": {
         "torchtitan.distributed.activation_checkpoint:SelectiveAC.get_save_ops":
             "d33eba0127fe72d8",

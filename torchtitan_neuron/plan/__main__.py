@@ -17,6 +17,7 @@ import sys
 import torchtitan_neuron.plan as package
 from torchtitan_neuron.plan.report import TARGETS
 from torchtitan_neuron.tracing.cli import checked_config, recipe_parser
+from torchtitan_neuron.tracing.world import DEFAULT_EP_IMBALANCE, EP_IMBALANCE_ENV
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -29,6 +30,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                         help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch")
     parser.add_argument("--every-block", action="store_true",
                         help="trace every transformer block, not two shallow copies of the model")
+    parser.add_argument(
+        "--ep-imbalance", type=float, default=None, metavar="F",
+        help="under expert parallelism, size the token all-to-all for an EP rank that "
+             "receives F times the mean routed tokens (default "
+             f"{DEFAULT_EP_IMBALANCE}: the expert_imbalance the debug MoE recipes print)")
     # One of the two shallow traces (plan/depth.py), run in its own process.
     parser.add_argument("--layers-traced", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
@@ -38,15 +44,6 @@ def refuse_unplannable(config) -> None:
     """Layouts the planner cannot trace yet, refused before tracing starts."""
     from torchtitan_neuron.preflight import PreflightError
 
-    ep = config.parallelism.expert_parallel_degree
-    if ep > 1:
-        raise PreflightError(
-            f"--parallelism.expert_parallel_degree {ep}: the planner does not plan "
-            "expert parallelism yet. Its token all-to-all has split sizes that "
-            "depend on the routing, which a step traced on FakeTensors has no "
-            "values for. Plan the layout without the flag (the experts then "
-            "shard over FSDP), or measure an EP run with "
-            "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
     pp = config.parallelism.pipeline_parallel_degree
     if pp > 1:
         raise PreflightError(
@@ -69,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     from torchtitan_neuron.preflight import PreflightError
 
     init_logger()
+    if opts.ep_imbalance is not None:
+        if opts.ep_imbalance < 1.0:
+            print(f"Error: --ep-imbalance {opts.ep_imbalance}: an EP rank receives at least "
+                  "the mean routed tokens when they are spread evenly; use 1.0 (perfect "
+                  "balance) or more", file=sys.stderr, flush=True)
+            return 2
+        # Read by the traces, the shallow ones in their own processes included.
+        os.environ[EP_IMBALANCE_ENV] = str(opts.ep_imbalance)
     try:
         config = checked_config(opts, overrides)
         refuse_unplannable(config)

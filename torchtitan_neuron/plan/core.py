@@ -125,10 +125,13 @@ def _neuron_trace(config, ngpu: int, target: str, tracker, marks_blocks: bool = 
 
 
 def layout(config, trainer) -> dict:
+    from torchtitan_neuron.tracing.world import ep_imbalance
+
     pd = trainer.parallel_dims
     accumulation = trainer.gradient_accumulation_steps
     return {"tp": pd.tp, "dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate,
             **({"cp": pd.cp} if pd.cp > 1 else {}),
+            **({"ep": pd.ep, "ep_imbalance": ep_imbalance()} if pd.ep > 1 else {}),
             "local_batch": config.training.local_batch_size,
             "seq_len": config.training.seq_len,
             "grad_accum": accumulation,

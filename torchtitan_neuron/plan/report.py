@@ -63,6 +63,10 @@ class Plan:
                              f"{row['op']} {list(row['shape'])} {row['dtype']}")
         if self.scratchpad:
             lines.append(self._scratchpad_line())
+        if "ep_imbalance" in self.layout:
+            lines.append(f"expert parallelism: the token all-to-all sized for an EP rank "
+                         f"that receives {self.layout['ep_imbalance']}x the mean routed "
+                         "tokens (--ep-imbalance)")
         if self.trace.get("traced_layers"):
             first, second = self.trace["traced_layers"]
             lines.append(f"traced: the first {first} and {second} of {self.trace['layers']} "

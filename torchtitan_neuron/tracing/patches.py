@@ -9,6 +9,7 @@ changes one fails there.
 from __future__ import annotations
 
 import contextlib
+import math
 from unittest import mock
 
 import torch
@@ -21,6 +22,7 @@ PATCHED = (
     ("torch._functorch._aot_autograd.graph_compile", "_log_joint_graph"),
     ("torch._functorch._aot_autograd.graph_compile", "_log_fw_bw_graphs"),
     ("torch.utils.checkpoint", "_detach_helper"),
+    ("torchtitan.models.common.token_dispatcher", "AllToAllTokenDispatcher.dispatch"),
 )
 
 
@@ -90,4 +92,55 @@ def fast_tracing():
             mock.patch.object(graph_compile, "_log_joint_graph", log_joint_graph), \
             mock.patch.object(graph_compile, "_log_fw_bw_graphs", log_fw_bw_graphs), \
             mock.patch.object(torch.utils.checkpoint, "_detach_helper", detach_unless_tracing):
+        yield
+
+
+class _RoutedRows:
+    """A dispatcher as upstream's ``dispatch`` sees it while traced: every
+    attribute is the dispatcher's but the split sizes, computed from
+    ``rows`` (its input's ``tokens x top_k``). A new object per call, so
+    Dynamo traces no mutation inside an activation-checkpointed block."""
+
+    def __init__(self, dispatcher, rows: int, imbalance: float):
+        self._dispatcher, self._rows, self._imbalance = dispatcher, rows, imbalance
+
+    def __getattr__(self, name):
+        return getattr(self._dispatcher, name)
+
+    def _sync_token_count_exchange(self, num_local_tokens_per_expert_E,
+                                   num_global_tokens_per_local_expert_EP_e, ep_size):
+        rows = self._rows
+        send = [rows // ep_size + (1 if r < rows % ep_size else 0) for r in range(ep_size)]
+        receive = [math.ceil(self._imbalance * rows / ep_size)] * ep_size
+        counts = torch.ops._c10d_functional.wait_tensor(
+            num_global_tokens_per_local_expert_EP_e).reshape(-1)
+        return counts, send, receive
+
+
+@contextlib.contextmanager
+def balanced_expert_routing(imbalance: float = 1.0):
+    """Expert parallelism on FakeTensors: the all-to-all split sizes a
+    router that loads an EP rank ``imbalance`` times the mean would give.
+
+    Upstream's ``AllToAllTokenDispatcher.dispatch`` exchanges each rank's
+    per-expert token counts and reads them back as Python lists
+    (``.tolist()`` in ``_sync_token_count_exchange``) to size the token
+    all-to-all; FakeTensors hold no counts. Here each rank sends an equal
+    share of its ``N = tokens x top_k`` routed rows to every EP rank and
+    receives ``imbalance`` times that share from each, so the receive
+    buffers, the expert inputs and their activations are planned for a rank
+    whose experts get ``imbalance`` times the mean load (1.0: perfect
+    balance). Without EP (no ``ep_mesh``) upstream's dispatch runs as is.
+    """
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    dispatch = AllToAllTokenDispatcher.dispatch
+
+    def balanced_dispatch(self, x_TD, *args, **kwargs):
+        if self.ep_mesh is None:
+            return dispatch(self, x_TD, *args, **kwargs)
+        view = _RoutedRows(self, x_TD.shape[0] * self.top_k, imbalance)
+        return dispatch(view, x_TD, *args, **kwargs)
+
+    with mock.patch.object(AllToAllTokenDispatcher, "dispatch", balanced_dispatch):
         yield

@@ -30,6 +30,18 @@ def traced_config(config) -> None:
     use_random_tokens(config)
 
 
+# How many times the mean routed tokens a traced EP rank receives. A rank's
+# load is the sum of its experts' loads, so it is at most the largest expert's
+# max/mean (the ``expert_imbalance`` of the step line); the DeepSeek and
+# GPT-OSS debug recipes print up to 2.0 in their first steps.
+EP_IMBALANCE_ENV = "TORCHTITAN_NEURON_EP_IMBALANCE"
+DEFAULT_EP_IMBALANCE = 2.0
+
+
+def ep_imbalance() -> float:
+    return float(os.environ.get(EP_IMBALANCE_ENV, DEFAULT_EP_IMBALANCE))
+
+
 @contextlib.contextmanager
 def neuron_world(ngpu: int, target: str):
     """Rank 0 of ``ngpu`` on the neuron branch, as the rehearsal runs it:
@@ -54,14 +66,17 @@ def neuron_world(ngpu: int, target: str):
 
 @contextlib.contextmanager
 def fake_world(ngpu: int):
-    """The environment torchtitan's fake backend reads (NGPU, RANK), and
-    MoE layers on grouped_mm, the kernel Neuron compiles (FakeTensors have
-    no token counts for the per-expert loop to split on)."""
+    """The environment torchtitan's fake backend reads (NGPU, RANK), MoE
+    layers on grouped_mm, the kernel Neuron compiles (FakeTensors have no
+    token counts for the per-expert loop to split on), and expert
+    parallelism's all-to-all sized for an EP rank that receives
+    ``ep_imbalance()`` times the mean load (``patches.balanced_expert_routing``)."""
     from torchtitan_neuron.components.expert_kernels import EXPERT_KERNEL_ENV
+    from torchtitan_neuron.tracing.patches import balanced_expert_routing
 
     env = {"NGPU": str(ngpu), "RANK": os.environ.get("RANK", "0"),
            EXPERT_KERNEL_ENV: os.environ.get(EXPERT_KERNEL_ENV, "grouped_mm")}
-    with mock.patch.dict(os.environ, env):
+    with mock.patch.dict(os.environ, env), balanced_expert_routing(ep_imbalance()):
         yield
 
 

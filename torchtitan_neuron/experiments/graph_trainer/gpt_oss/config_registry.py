@@ -27,12 +27,14 @@ def _neuron_simple_fsdp_gpt_oss_config(
     *,
     full_ac: bool = False,
     tp: int | None = None,
+    ep: int | None = None,
     global_batch_size: int | None = None,
 ) -> NeuronGraphTrainer.Config:
+    degrees = {"tensor_parallel_degree": tp, "expert_parallel_degree": ep}
     return simple_fsdp_from_plain(
         config_factory, model_registry, model_name="simple_fsdp/gpt_oss", full_ac=full_ac,
         training={} if global_batch_size is None else {"global_batch_size": global_batch_size},
-        parallelism={} if tp is None else {"tensor_parallel_degree": tp})
+        parallelism={k: v for k, v in degrees.items() if v is not None})
 
 
 def simple_fsdp_gpt_oss_20b() -> NeuronGraphTrainer.Config:
@@ -46,6 +48,15 @@ def simple_fsdp_gpt_oss_20b_fullac() -> NeuronGraphTrainer.Config:
 def simple_fsdp_gpt_oss_120b_fullac() -> NeuronGraphTrainer.Config:
     # Planned only: TP8 x FSDP16 on two trn2.48xlarge (docs/gpt_oss.md).
     return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp8, full_ac=True)
+
+
+def simple_fsdp_gpt_oss_120b_ep8() -> NeuronGraphTrainer.Config:
+    # Two trn2.48xlarge: TP8 x EP8 x FSDP16, the 128 experts split 8 ways over
+    # the TP ranks (16 per rank, each sharded again over its 16-rank
+    # expert-FSDP group), global batch 128 by 8 accumulation steps as the TP8
+    # recipe. Planned only, at 89% of a core: no layout reaches 15% headroom
+    # (docs/parallelisms.md#gpt-oss-120b).
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp8, full_ac=True, ep=8)
 
 
 def simple_fsdp_gpt_oss_debugmodel() -> NeuronGraphTrainer.Config:
@@ -63,3 +74,8 @@ def simple_fsdp_gpt_oss_debugmodel_fullac() -> NeuronGraphTrainer.Config:
 
 def simple_fsdp_gpt_oss_debugmodel_tp2_fsdp2() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_debugmodel_neuron_tp2_fsdp2)
+
+
+def simple_fsdp_gpt_oss_debugmodel_tp2_ep2() -> NeuronGraphTrainer.Config:
+    # CPU flavor of the EP recipe: TP2 x EP2 x FSDP2 on 4 ranks.
+    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_debugmodel_neuron_tp2_fsdp2, ep=2)
