@@ -143,6 +143,31 @@ def test_sweep_names_the_tutorials_order_of_fixes(monkeypatch):
         assert "--training.global_batch_size=512" in last, last  # the batch is held
 
 
+def test_sweep_holds_and_shows_the_expert_parallel_degree(monkeypatch):
+    """Under EP the sweep's cells keep the flag (passed through with the
+    user's overrides) and its table shows the degree beside TP."""
+    seen = []
+
+    def run(opts, overrides, extra):
+        seen.append(list(overrides))
+        tp = int(extra[0].split("=")[1])
+        return {"fits": True, "peak_gib": 8.0, "capacity_gib": 24.0,
+                "layout": {"tp": tp, "ep": 4, "dp_shard": 64 // tp, "grad_accum": 1}}
+
+    monkeypatch.setattr(sweeper, "_plan_in_subprocess", run)
+    opts = SimpleNamespace(ngpu=64, config="recipe", capacity_gib=None)
+    base = Plan("recipe", 64, "trn2", {"tp": 4, "ep": 4, "ep_imbalance": 2.0, "local_batch": 1,
+                                        "global_batch": 64}, 8.0, 24.0)
+    flags = ["--parallelism.expert_parallel_degree", "4"]
+    rows = sweeper.sweep(opts, flags, base)
+    assert rows[0].split()[:3] == ["tp", "ep", "dp_shard"], rows[0]
+    assert rows[1].split()[:3] == ["1", "4", "64"], rows[1]
+    assert all(o == flags for o in seen) and len(seen) == 8
+    # Without EP or CP the table is as before.
+    base = Plan("recipe", 64, "trn2", {"tp": 4, "local_batch": 1, "global_batch": 64}, 8.0, 24.0)
+    assert sweeper.sweep(opts, [], base)[0].split()[:2] == ["tp", "dp_shard"]
+
+
 def test_compiled_program_splits_device_tensors_from_scratchpad():
     """The Neuron model on a real compiled function: what crosses the graph
     boundary is a device tensor, what the graph makes and drops is scratchpad,

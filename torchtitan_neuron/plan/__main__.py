@@ -27,7 +27,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--top", type=int, default=0, metavar="N",
                         help="also list the N largest groups of tensors live at the peak")
     parser.add_argument("--sweep", action="store_true",
-                        help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch")
+                        help="also plan TP 1, 2, 4, 8 x selective/full AC at the same global batch "
+                             "(an EP or CP degree given is held in every cell)")
     parser.add_argument("--every-block", action="store_true",
                         help="trace every transformer block, not two shallow copies of the model")
     parser.add_argument(

@@ -1,5 +1,5 @@
-"""``--sweep``: plans over TP x AC at the recipe's global batch, each in its
-own process (each needs its own fake world and compile state), and the
+"""``--sweep``: plans over TP x AC at the recipe's global batch (its EP and
+CP degrees held, and shown), each in its own process (each needs its own fake world and compile state), and the
 smallest change that fits, in the tutorial's order."""
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ def _plan_in_subprocess(opts, overrides: list[str], extra: list[str]) -> dict:
 def sweep(opts, overrides: list[str], base: Plan) -> list[str]:
     """Table over TP x AC at the recipe's global batch, and the smallest change
     that fits when the recipe as given does not."""
-    rows, results = _table(opts, overrides, base.layout["global_batch"])
+    # Expert and context parallel degrees (the recipe's, or the flags') are
+    # held in every cell and shown beside TP.
+    held = [dim for dim in ("ep", "cp") if dim in base.layout]
+    rows, results = _table(opts, overrides, base.layout["global_batch"], held)
     if base.fits:
         rows.append(f"{opts.config} fits as given ({base.peak_gib:.2f} GiB of {base.capacity_gib:.1f}).")
     else:
@@ -59,8 +62,11 @@ def sweep(opts, overrides: list[str], base: Plan) -> list[str]:
     return rows
 
 
-def _table(opts, overrides: list[str], gb: int) -> tuple[list[str], dict]:
-    rows = [f"{'tp':>3} {'dp_shard':>8} {'ac':>9} {'accum':>5} {'peak GiB':>9} {'capacity':>8}  verdict"]
+def _table(opts, overrides: list[str], gb: int,
+           held: list[str] = ()) -> tuple[list[str], dict]:
+    extra = "".join(f" {dim:>3}" for dim in held)
+    rows = [f"{'tp':>3}{extra} {'dp_shard':>8} {'ac':>9} {'accum':>5} {'peak GiB':>9} "
+            f"{'capacity':>8}  verdict"]
     results = {}
     for tp in SWEEP_TP:
         if opts.ngpu % tp:
@@ -69,11 +75,13 @@ def _table(opts, overrides: list[str], gb: int) -> tuple[list[str], dict]:
             r = _plan_in_subprocess(opts, overrides, _layout_args(tp, ac, gb))
             results[(tp, ac)] = r
             if "error" in r:
-                rows.append(f"{tp:>3} {'':>8} {ac:>9} {'':>5} {'':>9} {'':>8}  refused: {r['error']}")
+                rows.append(f"{tp:>3}{' ' * len(extra)} {'':>8} {ac:>9} {'':>5} {'':>9} "
+                            f"{'':>8}  refused: {r['error']}")
                 continue
             lay = r["layout"]
+            degrees = "".join(f" {lay.get(dim, 1):>3}" for dim in held)
             rows.append(
-                f"{tp:>3} {lay['dp_shard']:>8} {ac:>9} {lay['grad_accum']:>5} "
+                f"{tp:>3}{degrees} {lay['dp_shard']:>8} {ac:>9} {lay['grad_accum']:>5} "
                 f"{r['peak_gib']:>9.2f} {r['capacity_gib']:>8.1f}  "
                 f"{'fits' if r['fits'] else 'OOM'}"
             )
