@@ -49,11 +49,12 @@ def refuse_unplannable(config) -> None:
     if pp > 1:
         raise PreflightError(
             f"--parallelism.pipeline_parallel_degree {pp}: the planner does not plan "
-            "pipeline stages yet. torch's pipeline schedule exchanges its first "
-            "activations eagerly (a send and receive outside any graph), which the "
-            "planner's stand-in device cannot allocate. Plan the layout without the "
-            "flag (FSDP over the same ranks), or measure a PP run with "
-            "TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
+            "pipeline stages yet. Before its first step torch's pipeline schedule "
+            "agrees each stage's input and output shapes with the neighbouring ranks "
+            "by send and receive, which a traced rank's fake process group cannot "
+            "answer, and torchtitan's pipeline_llm gives the stages no shapes to "
+            "start from. Plan the layout without the flag (FSDP over the same ranks), "
+            "or measure a PP run with TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
 
 
 def main(argv: list[str] | None = None) -> int:

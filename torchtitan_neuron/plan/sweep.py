@@ -1,5 +1,6 @@
 """``--sweep``: plans over TP x AC at the recipe's global batch (its EP and
-CP degrees held, and shown), each in its own process (each needs its own fake world and compile state), and the
+CP degrees held, and shown), each in its own process (each needs its own
+fake world and compile state), and the
 smallest change that fits, in the tutorial's order."""
 
 from __future__ import annotations
