@@ -8,12 +8,15 @@ a rank holds (parameters, gradients, optimizer state, summed from the live
 local shards) halves from 1 to 2 ranks; and the planner's peak for each AC
 mode is within 10% of the peak tensor memory measured on the real tensors of
 the same step (TORCHTITAN_NEURON_MEASURE_MEMORY_STEP), and orders the modes
-the same way; with three gradient-accumulation micro-batches per step too.
+the same way; with three gradient-accumulation micro-batches per step too; and
+with the gradients freed each step (`--training.disable_cuda_graphs`) both the
+measured and the planned peak fall by one copy of the gradients.
 
 Tier: e2e, in ``make test-slow``.
 Run: .venv/bin/python -m pytest tests/test_memory.py -q
 """
 
+import functools
 import json
 import re
 import subprocess
@@ -115,6 +118,7 @@ def _run_plan(args: list[str], config: str) -> dict:
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
 
 
+@functools.cache  # the selective plan serves two tests
 def _plan(mode: str) -> dict:
     config, ac = _mode_args(mode)
     return _run_plan(["--ngpu=2", *BIG, *ac], config)
@@ -128,3 +132,28 @@ def test_planner_matches_measured_tensor_memory(ac_runs):
         assert planned[mode] == pytest.approx(measured[mode], rel=0.10), mode
     assert planned["full"] < planned["selective"] < planned["none"], planned
 
+
+
+def test_freed_gradients_leave_the_peak_by_one_gradient_copy(ac_runs, tmp_path):
+    # --training.disable_cuda_graphs makes torchtitan's zero_grad set the
+    # gradients to None: the backward's gradients become the new ones instead
+    # of being added into those kept from the last step, which the selective
+    # run above holds through its step.
+    kept = ac_runs["selective"]
+    config, ac = _mode_args("selective")
+    args = [*BIG, "--training.disable_cuda_graphs", *ac]
+    freed = run_train(["--training.steps", "2", *args], config=config, dump_folder=tmp_path,
+                      env={"TORCHTITAN_NEURON_MEASURE_MEMORY_STEP": "2"})
+    assert freed.returncode == 0, freed.output[-4000:]
+    assert [s.loss for s in freed.steps] == [s.loss for s in kept.steps]
+    gradients = _sharded_state(kept.output)[1] / 1024
+    measured = {name: float(_MEASURED.search(r.output)[1])
+                for name, r in (("kept", kept), ("freed", freed))}
+    planned = {"kept": _plan("selective"), "freed": _run_plan(["--ngpu=2", *args], config)}
+    print("gradients GiB:", gradients, "measured:", measured,
+          "planned:", {k: p["peak_gib"] for k, p in planned.items()})
+    assert measured["kept"] - measured["freed"] == pytest.approx(gradients, rel=0.02)
+    assert planned["freed"]["layout"]["free_gradients"] is True
+    assert planned["freed"]["breakdown"]["gradients"] == 0
+    assert planned["kept"]["peak_gib"] - planned["freed"]["peak_gib"] == pytest.approx(
+        gradients, rel=0.02)

@@ -82,6 +82,11 @@ PINNED: dict[str, dict[str, str]] = {
         # zero_grad(set_to_none=disable_cuda_graphs): why the flag is left alone.
         "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
     },
+    "step-start-state": {
+        # Opens with zero_grad(set_to_none=disable_cuda_graphs), which
+        # step_start_state calls first to read the state the step holds.
+        "torchtitan.trainer:Trainer.train_step": "a31b4caeb25d6b40",
+    },
     "gloo-force-sum": {
         "torch.distributed.fsdp._fully_shard._fsdp_collectives:_get_gradient_divide_factors":
             "6ec54eb2f2b5ccc6",

@@ -45,7 +45,8 @@ from torchtitan_neuron.hf import export_hand_off, unexpressed_import_skip
 from torchtitan_neuron.run_report import NeuronMetricsProcessor
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.seeded_init import layout_invariant_init
-from torchtitan_neuron.memory_accounting.sharded_state import sharded_state_bytes, state_bytes
+from torchtitan_neuron.memory_accounting.sharded_state import (
+    sharded_state_bytes, step_start_state)
 from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker, instrument
 from torchtitan_neuron.components.documents import (
     ModelOptions,
@@ -405,7 +406,7 @@ class NeuronTrainerMixin:
                 "outside it, so part of the step is not counted. Measure with "
                 "--compile.backend aot_eager (the same graphs, run op by op)."
             )
-        persistent = state_bytes(self)
+        persistent = step_start_state(self)
         with self._tracker:
             super().train_step(data_iterator)
         gib = 1024**3

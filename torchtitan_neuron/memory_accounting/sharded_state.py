@@ -88,3 +88,16 @@ def state_bytes(trainer) -> dict[str, int]:
                     opt += nbytes(v)
     return {"sharded_parameters": params, "gradients": grads,
             "optimizer_state": opt, "buffers": buffers}
+
+
+def step_start_state(trainer) -> dict[str, int]:
+    """``state_bytes`` as a training step starts: after the ``zero_grad``
+    that torchtitan's ``Trainer.train_step`` opens with (calling it here
+    first changes nothing; the step's own call finds the same state).
+
+    With ``--training.disable_cuda_graphs`` it sets the gradients to None, so
+    the last step's gradients are not held through this one and the step's
+    new ones are storages it makes (a tracker counts them as it runs);
+    otherwise they are zeroed in place and held throughout."""
+    trainer.optimizers.zero_grad(set_to_none=trainer.config.training.disable_cuda_graphs)
+    return state_bytes(trainer)

@@ -132,6 +132,7 @@ def layout(config, trainer) -> dict:
     return {"tp": pd.tp, "dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate,
             **({"cp": pd.cp} if pd.cp > 1 else {}),
             **({"ep": pd.ep, "ep_imbalance": ep_imbalance()} if pd.ep > 1 else {}),
+            **({"free_gradients": True} if config.training.disable_cuda_graphs else {}),
             "local_batch": config.training.local_batch_size,
             "seq_len": config.training.seq_len,
             "grad_accum": accumulation,

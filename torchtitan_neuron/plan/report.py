@@ -67,6 +67,10 @@ class Plan:
             lines.append(f"expert parallelism: the token all-to-all sized for an EP rank "
                          f"that receives {self.layout['ep_imbalance']}x the mean routed "
                          "tokens (--ep-imbalance)")
+        if self.layout.get("free_gradients"):
+            lines.append("gradients: freed as each step starts (--training.disable_cuda_graphs); "
+                         "the step's own are counted in temporaries from the backward "
+                         "that returns them")
         if self.trace.get("traced_layers"):
             first, second = self.trace["traced_layers"]
             lines.append(f"traced: the first {first} and {second} of {self.trace['layers']} "

@@ -11,7 +11,7 @@ optimizer state; step 2 is the one measured.
 from __future__ import annotations
 
 from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import save_attention
-from torchtitan_neuron.memory_accounting.sharded_state import state_bytes
+from torchtitan_neuron.memory_accounting.sharded_state import step_start_state
 from torchtitan_neuron.memory_accounting.storage_tracker import StorageTracker, instrument
 from torchtitan_neuron.plan.backend import PlanBackend
 from torchtitan_neuron.tracing.patches import fast_tracing
@@ -48,7 +48,7 @@ def build_trainer(config, backend: PlanBackend, fake_mode=None):
 
 
 def trace_step(trainer, backend: PlanBackend, tracker: StorageTracker) -> dict[str, int]:
-    """Run steps 1 and 2; return the persistent state's bytes after step 1.
+    """Run steps 1 and 2; return the persistent state's bytes as step 2 starts.
 
     The parameters are FakeTensors, so all the step computes from them is
     too; the batches are real, so the little it reads back (the count of
@@ -64,7 +64,7 @@ def trace_step(trainer, backend: PlanBackend, tracker: StorageTracker) -> dict[s
         trainer.gradient_accumulation_steps = 1
         with backend.outputs_only():
             trainer.train_step(data)
-        state = state_bytes(trainer)
+        state = step_start_state(trainer)
         trainer.step = 2
         trainer.gradient_accumulation_steps = min(accumulation, 2)
         try:
