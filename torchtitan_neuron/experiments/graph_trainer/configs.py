@@ -85,12 +85,14 @@ def simple_fsdp_from_plain(
     expert-kernel conversion and load-balancing hook): selective or full AC,
     torch.compile on ``neuron`` over the model, the loss and gradient clipping,
     ``neuron_simple_fsdp``, then the ``training`` and ``parallelism`` fields
-    given. What the DeepSeek and GPT-OSS SimpleFSDP recipes share."""
+    given (a None value leaves the field as it is). What the DeepSeek and
+    GPT-OSS SimpleFSDP recipes share."""
     base = config_factory()
     base.activation_checkpoint = FullAC.Config() if full_ac else SelectiveAC.Config()
     base.compile = neuron_compile_config()
     config = neuron_simple_fsdp(base, model_registry, model_name=model_name)
     for section, changes in ((config.training, training), (config.parallelism, parallelism)):
         for field_name, value in (changes or {}).items():
-            setattr(section, field_name, value)
+            if value is not None:
+                setattr(section, field_name, value)
     return config

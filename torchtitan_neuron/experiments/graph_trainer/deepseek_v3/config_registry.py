@@ -26,13 +26,14 @@ def _neuron_simple_fsdp_deepseek_v3_config(
     full_ac: bool = False,
     local_batch_size: int | None = None,
     seq_len: int | None = None,
+    global_batch_size: int | None = None,
     parallelism: dict | None = None,
 ) -> NeuronGraphTrainer.Config:
-    sizing = {"local_batch_size": local_batch_size, "seq_len": seq_len}
     return simple_fsdp_from_plain(
         config_factory, model_registry, model_name="simple_fsdp/deepseek_v3",
-        full_ac=full_ac, training={k: v for k, v in sizing.items() if v is not None},
-        parallelism=parallelism)
+        full_ac=full_ac, parallelism=parallelism,
+        training={"local_batch_size": local_batch_size, "seq_len": seq_len,
+                  "global_batch_size": global_batch_size})
 
 
 def simple_fsdp_deepseek_v3_16b_nki_tp4_fsdp16() -> NeuronGraphTrainer.Config:
@@ -64,11 +65,9 @@ def simple_fsdp_deepseek_v3_16b_nki_tp4_ep4() -> NeuronGraphTrainer.Config:
 def simple_fsdp_deepseek_v3_debugmodel_nki_ep2() -> NeuronGraphTrainer.Config:
     # CPU flavor of the EP recipe: EP2 x FSDP on 4 ranks (FSDP 4, experts over
     # EP2 x expert-FSDP 2), local batch 2 x 4 ranks = global batch 8.
-    config = _neuron_simple_fsdp_deepseek_v3_config(
-        deepseek_v3_debugmodel_neuron_tp2_fsdp2,
+    return _neuron_simple_fsdp_deepseek_v3_config(
+        deepseek_v3_debugmodel_neuron_tp2_fsdp2, global_batch_size=8,
         parallelism={"tensor_parallel_degree": 1, "expert_parallel_degree": 2})
-    config.training.global_batch_size = 8
-    return config
 
 
 def simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2() -> NeuronGraphTrainer.Config:

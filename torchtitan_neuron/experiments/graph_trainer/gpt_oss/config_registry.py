@@ -29,12 +29,17 @@ def _neuron_simple_fsdp_gpt_oss_config(
     tp: int | None = None,
     ep: int | None = None,
     global_batch_size: int | None = None,
+    free_gradients: bool | None = None,
 ) -> NeuronGraphTrainer.Config:
-    degrees = {"tensor_parallel_degree": tp, "expert_parallel_degree": ep}
+    # free_gradients: zero_grad sets the gradients to None
+    # (torchtitan's training.disable_cuda_graphs; no CUDA graph is captured
+    # off CUDA either way), so a step without accumulation holds only the
+    # gradients its backward returns, not those beside the last step's.
     return simple_fsdp_from_plain(
         config_factory, model_registry, model_name="simple_fsdp/gpt_oss", full_ac=full_ac,
-        training={} if global_batch_size is None else {"global_batch_size": global_batch_size},
-        parallelism={k: v for k, v in degrees.items() if v is not None})
+        training={"global_batch_size": global_batch_size,
+                  "disable_cuda_graphs": free_gradients},
+        parallelism={"tensor_parallel_degree": tp, "expert_parallel_degree": ep})
 
 
 def simple_fsdp_gpt_oss_20b() -> NeuronGraphTrainer.Config:
@@ -53,10 +58,13 @@ def simple_fsdp_gpt_oss_120b_fullac() -> NeuronGraphTrainer.Config:
 def simple_fsdp_gpt_oss_120b_ep8() -> NeuronGraphTrainer.Config:
     # Two trn2.48xlarge: TP8 x EP8 x FSDP16, the 128 experts split 8 ways over
     # the TP ranks (16 per rank, each sharded again over its 16-rank
-    # expert-FSDP group), global batch 128 by 8 accumulation steps as the TP8
-    # recipe. Planned only, at 89% of a core: no layout reaches 15% headroom
-    # (docs/parallelisms.md#gpt-oss-120b).
-    return _neuron_simple_fsdp_gpt_oss_config(gpt_oss_120b_neuron_tp8, full_ac=True, ep=8)
+    # expert-FSDP group). Global batch 16 (one sequence per FSDP rank, no
+    # accumulation) with the gradients freed each step: planned at 74% of a
+    # core, where accumulating to 128 holds a second copy of the gradients
+    # at the end of each backward (89%; docs/parallelisms.md#gpt-oss-120b).
+    return _neuron_simple_fsdp_gpt_oss_config(
+        gpt_oss_120b_neuron_tp8, full_ac=True, ep=8, global_batch_size=16,
+        free_gradients=True)
 
 
 def simple_fsdp_gpt_oss_debugmodel() -> NeuronGraphTrainer.Config:
