@@ -36,6 +36,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from conftest import BF16
+
 pytestmark = pytest.mark.e2e
 
 AG = "all_gather_into_tensor"
@@ -309,13 +311,12 @@ def test_tp_by_fsdp_one_gather_per_block_equal_results():
 # ---------------------------------------------------------------------------
 # Real recipes, launched as a user would (slow tier)
 
-FP32 = ["--training.mixed_precision_param", "float32"]
 RECIPES = {
     # name: (ranks, module, config, extra flags)
     # the recipe's bf16 gathers and fp32 reduce-scatters (_GatherBucket)
-    "llama-selective-ac-bf16": (2, None, None, []),
+    "llama-selective-ac-bf16": (2, None, None, BF16),
     # fp32 throughout (torch's differentiable functional all-gather)
-    "llama-full-ac-fp32": (2, None, None, [*FP32, "activation-checkpoint:full"]),
+    "llama-full-ac-fp32": (2, None, None, ["activation-checkpoint:full"]),
 }
 
 
