@@ -27,15 +27,18 @@ train: install
 		--hf_assets_path=./tests/assets/tokenizer
 
 # The test tiers (pytest markers, registered in pyproject.toml):
-#   test       every unit test and the core end-to-end runs: the default
-#              rehearsal, parity, resume and the error matrix (~8 min here)
-#   test-slow  the remaining multi-process proofs (CI runs both)
+#   test       every unit test and the core end-to-end runs: the two-rank
+#              rehearsal, parity, resume and the error matrix (~6 min here)
+#   test-slow  the remaining multi-process proofs, make train's first run
+#              among them (CI runs both). Two test files at a time
+#              (pytest-xdist): a launch leaves a core idle while it starts,
+#              waits on a collective or plans in one process.
 #   test-fast  no multi-process launch, for the edit loop (~2 min)
 test: install
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install
-	$(PY) -m pytest -q -m slow tests
+	$(PY) -m pytest -q -m slow -n 2 --dist loadfile tests
 
 test-fast: install
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
