@@ -12,18 +12,18 @@ transformers' DeepSeek-V2, GPT-OSS), in fp32 on CPU:
   is refused with the first mismatching tensor and the flavor that fits;
   upstream's GPT-OSS adapter still drops the experts (the reason for
   ``GptOssHFStateDictAdapter``);
-- on 2 gloo ranks (slow tier): a random transformers model saved with
-  ``save_pretrained`` starts the recipe, whose step-1 loss equals
-  transformers' on the same first batch within 1e-5 relative (Llama also on
-  TP2); trained with learning rate 0 and exported, the tensors come back bit
-  for bit; a run trained 3 steps and exported (config.json and tokenizer in
-  ``step-N``) gives in transformers the project's loss for the same
-  checkpoint within 1e-5 relative, the same argmax on every token (the MoE
-  families with the expert-selection bias, which transformers lacks, zeroed
-  on both sides; its effect is measured in docs/hf.md).
+- on 2 gloo ranks (slow tier), one run per family: a random transformers
+  model saved with ``save_pretrained`` starts the recipe, whose step-1 loss
+  equals transformers' on the same first batch within 1e-5 relative; trained
+  3 steps and exported (config.json and tokenizer in ``step-N``), the export
+  gives in transformers the project's loss for the same checkpoint within
+  1e-5 relative, the same argmax on every token (the MoE families with the
+  expert-selection bias, which transformers lacks, zeroed on both sides; its
+  effect is measured in docs/hf.md); and Llama on TP2 with learning rate 0
+  gives its step-1 loss and exports the imported tensors bit for bit.
 
 Tier: fast (in-process checks, and the export script on a DCP checkpoint, about
-20 s) and slow (the runs, about 6 minutes: make bench-hf prints their figures).
+20 s) and slow (the five runs, about 4 minutes: make bench-hf prints their figures).
 Run: .venv/bin/python -m pytest tests/test_hf.py -q
 """
 
