@@ -173,3 +173,31 @@ def test_cpu_device_module_is_torch_cpu_plus_what_it_lacks():
     # An index, as torch.device(device_type, index) and barrier(device_ids=...) need.
     assert torch.device("cpu", dev.current_device()).type == "cpu"
     assert dev.get_device_properties().total_memory > 0
+
+
+@pytest.mark.parametrize("bf16_time, notice", [(0.1, False), (50.0, True)],
+                         ids=["native-bf16", "no-native-bf16"])
+def test_a_cpu_without_native_bf16_is_named_and_its_large_bf16_matmul_not_timed(
+        monkeypatch, caplog, bf16_time, notice):
+    """The seconds per matmul are given here: bf16 at 0.1x fp32's (AMX) or
+    50x (the fallback loop of a CPU without AVX512-BF16 or AMX)."""
+    timed = []
+
+    def flops(dtype=torch.float32, n=1024, repeats=5):
+        timed.append((dtype, n))
+        return 2 * n**3 / (bf16_time if dtype == torch.bfloat16 else 1.0)
+
+    monkeypatch.delenv(devices.cpu.CPU_PEAK_FLOPS_ENV, raising=False)
+    monkeypatch.setattr(devices.cpu, "measure_matmul_flops", flops)
+    monkeypatch.setattr(devices.cpu, "_cpu_peak_cache", {})
+    with caplog.at_level("INFO"):
+        peak = devices.cpu.cpu_peak_flops()
+    said = [r.getMessage() for r in caplog.records if "bf16 matrix multiplies" in r.getMessage()]
+    if notice:
+        assert peak == 2 * 1024**3 and (torch.bfloat16, 1024) not in timed
+        assert said == ["bf16 matrix multiplies take 50x as long as fp32 on this CPU (no "
+                        "AVX512-BF16 or AMX): bf16 recipes step slowly here, and "
+                        "--training.mixed_precision_param float32 rehearses faster "
+                        "(docs/troubleshooting.md)"]
+    else:
+        assert peak == 2 * 1024**3 / 0.1 and (torch.bfloat16, 1024) in timed and not said

@@ -10,11 +10,18 @@ import time
 from types import SimpleNamespace
 
 import torch
+from torchtitan.tools.logging import logger
 
 from torchtitan_neuron.devices.detect import host_memory_bytes, ranks_on_host
 from torchtitan_neuron.devices.torchtitan_globals import set_device_globals
 
 CPU_PEAK_FLOPS_ENV = "TORCHTITAN_NEURON_CPU_PEAK_FLOPS"
+# A bf16 matmul this many times slower than fp32 has no native kernel under
+# it: torch falls back to a plain loop where the CPU lacks AVX512-BF16 and
+# AMX. With oneDNN held to AVX2 on a Xeon, a 2048x256 by 256x768 mm took
+# 363 ms in bf16 against 6.5 ms in fp32 (docs/troubleshooting.md); with the
+# native kernels bf16 is the faster one.
+SLOW_BF16_FACTOR = 4.0
 
 
 def _read_status_kib(field: str) -> int:
@@ -160,7 +167,10 @@ def cpu_peak_flops() -> float:
     ``TORCHTITAN_NEURON_CPU_PEAK_FLOPS`` sets it; otherwise 1024^3 matmuls
     in fp32 and bf16 are timed on this rank's threads and the faster one is
     the peak (recipes compute in bf16 under mixed precision, and many CPUs
-    run bf16 matmuls faster than fp32).
+    run bf16 matmuls faster than fp32). Where a small bf16 matmul takes
+    ``SLOW_BF16_FACTOR`` times as long as fp32, the CPU has no native bf16
+    kernel: the rank says so, and the peak is fp32's, without timing the
+    large bf16 one.
     """
     configured = os.environ.get(CPU_PEAK_FLOPS_ENV)
     if configured:
@@ -172,10 +182,27 @@ def cpu_peak_flops() -> float:
                 "set it to FLOP/s, e.g. 1.8e11"
             ) from None
     if "cpu" not in _cpu_peak_cache:
-        _cpu_peak_cache["cpu"] = max(
-            measure_matmul_flops(torch.float32), measure_matmul_flops(torch.bfloat16)
-        )
+        fp32 = measure_matmul_flops(torch.float32)
+        slowdown = bf16_matmul_slowdown()
+        if slowdown >= SLOW_BF16_FACTOR:
+            # Seconds per 1024^3 matmul on the slow path: the peak is fp32's.
+            logger.info(
+                f"bf16 matrix multiplies take {slowdown:.0f}x as long as fp32 on this "
+                "CPU (no AVX512-BF16 or AMX): bf16 recipes step slowly here, and "
+                "--training.mixed_precision_param float32 rehearses faster "
+                "(docs/troubleshooting.md)"
+            )
+            _cpu_peak_cache["cpu"] = fp32
+        else:
+            _cpu_peak_cache["cpu"] = max(fp32, measure_matmul_flops(torch.bfloat16))
     return _cpu_peak_cache["cpu"]
+
+
+def bf16_matmul_slowdown(n: int = 256, repeats: int = 3) -> float:
+    """How many times as long an n^3 matmul takes in bf16 as in fp32 on this
+    process's threads (below 1 where bf16 is the faster)."""
+    return (measure_matmul_flops(torch.float32, n, repeats)
+            / measure_matmul_flops(torch.bfloat16, n, repeats))
 
 
 
