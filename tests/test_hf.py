@@ -356,3 +356,16 @@ def test_import_train_export_agrees_with_transformers_both_ways(tmp_path, family
         print(f"hf-figure export {family} with the bias: project {biased['project_loss']}, "
               f"transformers {biased['transformers_loss']}, rel {biased['rel']}, argmax "
               f"{biased['argmax_agree']}")
+
+
+def test_hf_command_lists_its_commands_and_refuses_an_unknown_one():
+    listed = run_command([sys.executable, "-m", "torchtitan_neuron.hf", "--help"], timeout=120)
+    assert listed.returncode == 0
+    for command in ("export", "check", "loss", "download"):
+        assert f"    {command} " in listed.output
+    unknown = run_command([sys.executable, "-m", "torchtitan_neuron.hf", "upload"], timeout=120)
+    assert unknown.returncode == 2
+    assert "unknown command 'upload'; use one of export, check, loss, download" in unknown.output
+    download = run_command([sys.executable, "-m", "torchtitan_neuron.hf", "download", "--help"],
+                           timeout=120)
+    assert download.returncode == 0 and "--repo_id" in download.output
