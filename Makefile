@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: install train test test-fast test-slow check-errors bench bench-cache bench-plan \
-	bench-documents bench-hf bench-ceiling bench-parallel clean
+	bench-documents bench-hf bench-ceiling bench-parallel bench-pipeline clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -81,6 +81,11 @@ bench-documents: install
 # (about 10 minutes). Figures in docs/parallelisms.md.
 bench-parallel: install
 	$(PY) scripts/bench_parallelisms.py
+
+# The pipeline's measured bubble against 1F1B's theoretical one: PP2 on 2
+# ranks against 1 rank, 2, 4 and 8 microbatches (about 10 minutes).
+bench-pipeline: install
+	$(PY) scripts/bench_pipeline.py
 
 # The Hugging Face hand-off figures of docs/hf.md: import, round trip and
 # export of each family's debug flavor against transformers (about 8 minutes).
