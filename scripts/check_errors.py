@@ -175,12 +175,12 @@ def case_pp_stages(tmp):
                            "cannot split the model into pipeline stages", ngpu=8)
 
 
-def case_plan_pp(tmp):
-    out = _run([sys.executable, "-m", "torchtitan_neuron.plan", "--module", LLAMA,
-                "--config", "simple_fsdp_llama3_debugmodel_pp2", "--ngpu", "4"], _env())
-    return out, _error_line(out.output, "does not plan pipeline stages"), [
-        p for p, bad in (("exit code is not 2", out.returncode != 2),
-                         ("a traceback was printed", "Traceback" in out.output)) if bad]
+def case_pp_microbatches(tmp):
+    # 1F1B at PP2 with one microbatch: torch's schedule needs one per stage.
+    return _preflight_case([*FAST, "--parallelism.pipeline_parallel_degree", "2",
+                            "--parallelism.pipeline_parallel_schedule", "1F1B",
+                            "--training.local_batch_size", "1"],
+                           "needs at least one per stage", ngpu=2)
 
 
 def case_gpt_oss_cp(tmp):
@@ -298,7 +298,7 @@ CASES = {
     "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
     "gpt-oss-fsdp-vs-experts": case_gpt_oss_fsdp_vs_experts,
     "pp-stages": case_pp_stages,
-    "plan-pp": case_plan_pp,
+    "pp-microbatches": case_pp_microbatches,
     "gpt-oss-cp": case_gpt_oss_cp,
     "plan-ep": case_plan_ep,
     "hf-import-shapes": case_hf_import_shapes,

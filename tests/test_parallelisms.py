@@ -24,12 +24,18 @@ Tier: fast, but the CP and PP runs (slow).
 Run: .venv/bin/python -m pytest tests/test_parallelisms.py -q
 """
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torchtitan.config import ConfigManager
 
 from torchtitan_neuron import devices
 
+REPO = Path(__file__).resolve().parent.parent
 DEEPSEEK_SIMPLE_FSDP = ("torchtitan_neuron.experiments.graph_trainer.deepseek_v3",
                         "simple_fsdp_deepseek_v3_debugmodel_nki_tp2_fsdp2")
 DEEPSEEK_PLAIN = ("torchtitan_neuron.models.deepseek_v3", "deepseek_v3_debugmodel_neuron_tp2_fsdp2")
@@ -105,14 +111,55 @@ def test_the_planner_refuses_an_ep_imbalance_below_the_mean(capsys):
     assert "--ep-imbalance 0.5: an EP rank receives at least the mean" in err
 
 
-def test_the_planner_refuses_pipeline_stages_before_tracing(capsys):
-    from torchtitan_neuron.plan.__main__ import main
+def test_pipeline_stages_get_their_shapes_from_the_config():
+    # What the schedule's shape agreement would say, for a traced rank.
+    import torch
+    from torch.distributed.tensor import DTensor
 
-    code = main(["--module", LLAMA_SIMPLE_FSDP[0], "--config", "simple_fsdp_llama3_debugmodel_pp2",
-                 "--ngpu", "4"])
-    assert code == 2
-    err = " ".join(capsys.readouterr().err.split())
-    assert "--parallelism.pipeline_parallel_degree 2: the planner does not plan pipeline stages" in err
+    from torchtitan_neuron.tracing.world import last_stage_rank, stage_shapes
+
+    config = _parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "2",
+                    "--training.mixed_precision_param", "float32")
+    tokens, hidden = stage_shapes(config, 0, 4)
+    assert (tuple(tokens.shape), tokens.dtype) == ((1, 512), torch.int64)
+    assert (tuple(hidden.shape), hidden.dtype, hidden.requires_grad) == (
+        (1, 512, 256), torch.float32, True)
+    received, logits = stage_shapes(config, 3, 4)
+    assert tuple(received.shape) == (1, 512, 256) and tuple(logits.shape) == (1, 512, 2048)
+    assert not isinstance(received, DTensor)
+    assert last_stage_rank(config, 8) == 4
+    config.parallelism.pipeline_parallel_schedule = "ZBVZeroBubble"
+    assert last_stage_rank(config, 8) == 0
+
+
+@pytest.mark.e2e
+def test_the_planner_plans_both_end_stages_and_the_rehearsal_sees_send_and_receive():
+    # PP2 x TP2 x FSDP2 on 8 trn2 ranks: rank 0 holds the first stage, rank 4
+    # the last; under TP the hidden states cross stages as sequence-sharded
+    # DTensors. The plan is the larger of the two ranks' peaks.
+    args = ["--module", LLAMA_SIMPLE_FSDP[0], "--config", "simple_fsdp_llama3_debugmodel_pp2",
+            "--ngpu", "8", "--parallelism.tensor_parallel_degree", "2",
+            "--parallelism.pipeline_parallel_schedule", "1F1B"]
+    proc = subprocess.run([sys.executable, "-m", "torchtitan_neuron.plan", *args, "--json"],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    plan = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
+    assert plan["layout"]["pp"] == 2 and plan["layout"]["microbatches"] == 4
+    peaks = plan["stage_peaks_gib"]
+    assert set(peaks) == {"0", "4"} and all(v > 0 for v in peaks.values())
+    assert plan["peak_gib"] == max(peaks.values())
+    assert str(plan.get("rank", 0)) == max(peaks, key=peaks.get) and plan["fits"]
+    proc = subprocess.run([sys.executable, "-m", "torchtitan_neuron.rehearse", *args, "--json"],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
+    assert report["ready"], report["reasons"]
+    # Microbatches x local stages, each way; listed, not warned of.
+    sends, receives = report["collectives"]["send"], report["collectives"]["recv_"]
+    assert sends["count"] == receives["count"] == 4 and sends["bytes"] > 0
+    assert not any("send" in w or "recv" in w for w in report["warnings"])
 
 
 def test_simple_fsdp_recipes_pipeline_with_torchtitans_pipeline_llm():
@@ -133,6 +180,26 @@ def test_simple_fsdp_recipes_pipeline_with_torchtitans_pipeline_llm():
                        r"SimpleFSDP recipe pipelines with graph_trainer's GraphPP, which "
                        r"torchtitan 0.3.0 runs only in aot_fx_trace mode"):
         check_layout(config, 4)
+
+
+def test_the_preflight_refuses_microbatches_the_schedule_cannot_run():
+    from torchtitan_neuron.preflight import PreflightError, check_layout
+
+    config = _parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "2",
+                    "--parallelism.pipeline_parallel_schedule", "1F1B",
+                    "--training.local_batch_size", "1", "--training.global_batch_size", "1")
+    with pytest.raises(PreflightError, match=r"1F1B: --training.local_batch_size 1 in "
+                       r"microbatches of .* gives 1 microbatches, and 1F1B needs at least "
+                       r"one per stage \(2\). Raise the local batch to 2"):
+        check_layout(config, 2)
+    # Interleaved1F1B at PP2: 6 microbatches are 3 rounds of 2; 5 are not.
+    config = _parse(LLAMA_SIMPLE_FSDP, "--parallelism.pipeline_parallel_degree", "2",
+                    "--training.local_batch_size", "5", "--training.global_batch_size", "5")
+    with pytest.raises(PreflightError, match=r"needs a multiple of its 2 rounds .* Use a "
+                       r"local batch of 4 or 6"):
+        check_layout(config, 2)
+    config.training.local_batch_size = config.training.global_batch_size = 6
+    assert check_layout(config, 2)["dp_shard"] == 1
 
 
 def test_the_preflight_refuses_stages_torchtitan_cannot_split():

@@ -144,7 +144,7 @@ def test_sweep_names_the_tutorials_order_of_fixes(monkeypatch):
 
 
 def test_sweep_holds_and_shows_the_expert_parallel_degree(monkeypatch):
-    """Under EP the sweep's cells keep the flag (passed through with the
+    """Under EP (or CP, PP) the sweep's cells keep the flag (passed through with the
     user's overrides) and its table shows the degree beside TP."""
     seen = []
 
@@ -163,7 +163,11 @@ def test_sweep_holds_and_shows_the_expert_parallel_degree(monkeypatch):
     assert rows[0].split()[:3] == ["tp", "ep", "dp_shard"], rows[0]
     assert rows[1].split()[:3] == ["1", "4", "64"], rows[1]
     assert all(o == flags for o in seen) and len(seen) == 8
-    # Without EP or CP the table is as before.
+    # A pipeline degree is held and shown the same way.
+    base = Plan("recipe", 64, "trn2", {"tp": 4, "pp": 2, "local_batch": 2,
+                                        "global_batch": 64}, 8.0, 24.0)
+    assert sweeper.sweep(opts, [], base)[0].split()[:3] == ["tp", "pp", "dp_shard"]
+    # Without EP, CP or PP the table is as before.
     base = Plan("recipe", 64, "trn2", {"tp": 4, "local_batch": 1, "global_batch": 64}, 8.0, 24.0)
     assert sweeper.sweep(opts, [], base)[0].split()[:2] == ["tp", "dp_shard"]
 

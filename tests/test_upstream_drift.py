@@ -245,6 +245,21 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.distributed.pipeline_parallel:_generate_llm_fqn_per_model_part":
             "a18d710d17e556df",
     },
+    "plan-pp-static-stages": {
+        # Builds each stage without shapes; the module-level name is patched.
+        "torchtitan.distributed.pipeline_parallel:_pipeline_module_split": "ad12cfa9e56712b5",
+        # Static shapes given at construction, and when a stage still needs
+        # the dynamic agreement.
+        "torch.distributed.pipelining.stage:PipelineStage.__init__": "59c5343707f9572b",
+        "torch.distributed.pipelining._utils:InferenceMode.needs_dynamic": "7589afc77f860d15",
+        # The vote replaced on a traced rank's schedule, and its own fake branch.
+        "torch.distributed.pipelining.schedules:_PipelineSchedule._warmup_p2p":
+            "d97c30d4e2406cbc",
+    },
+    "rehearse-tensor-on-device": {
+        # Returns torch.tensor([-1.0], device=...) on ranks without the last stage.
+        "torchtitan.trainer:Trainer.pp_forward_backward_step": "29a6284a9ec37e25",
+    },
     "cuda-graphs-off-cuda": {
         "torchtitan.trainer:Trainer.Config._validate_cuda_graphs": "82fa664ba0b27468",
     },
@@ -558,6 +573,28 @@ def test_dedup_pass_still_merges_gathers_of_different_dtypes():
         "try aot_fx_trace on DeepSeek without --compile.disable_passes and revisit "
         "row `bench-aot-fx-trace-no-dedup` of docs/upstream-workarounds.md")
     assert cast not in gm.graph.nodes
+
+
+def test_torch_tensor_on_a_device_is_still_built_below_the_dispatch_modes():
+    """Row `rehearse-tensor-on-device`: a dispatch mode never sees
+    ``torch.tensor(data, device=...)``, so the rehearsal's ``HostToFakeDevice``
+    cannot make it fake; ``TensorOnDevice`` (a function mode) reroutes it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        torch.tensor([1.0], device="meta")
+    assert not seen.ops, (
+        "torch.tensor(..., device=) now dispatches through the modes: "
+        "rehearse/neuron_device.py TensorOnDevice can go (row `rehearse-tensor-on-device`)")
 
 
 def test_torchs_gloo_group_still_runs_two_worker_threads():

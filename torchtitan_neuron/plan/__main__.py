@@ -15,7 +15,7 @@ import os
 import sys
 
 import torchtitan_neuron.plan as package
-from torchtitan_neuron.plan.report import TARGETS
+from torchtitan_neuron.plan.report import TARGETS, Plan
 from torchtitan_neuron.tracing.cli import checked_config, recipe_parser
 from torchtitan_neuron.tracing.world import DEFAULT_EP_IMBALANCE, EP_IMBALANCE_ENV
 
@@ -38,23 +38,42 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
              f"{DEFAULT_EP_IMBALANCE}: the expert_imbalance the debug MoE recipes print)")
     # One of the two shallow traces (plan/depth.py), run in its own process.
     parser.add_argument("--layers-traced", type=int, default=0, help=argparse.SUPPRESS)
+    # The rank traced, for the last pipeline stage's plan (last_stage_plan).
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
 
-def refuse_unplannable(config) -> None:
-    """Layouts the planner cannot trace yet, refused before tracing starts."""
-    from torchtitan_neuron.preflight import PreflightError
+def last_stage_plan(opts, overrides: list[str], config):
+    """Under pipeline parallelism rank 0 holds the first stage (the most
+    microbatches in flight under 1F1B) and another rank the last (the
+    logits and the loss): that rank's plan starts here in its own process,
+    traced while this one traces rank 0. Returns a function that waits for
+    it: (its plan's JSON, or None, and its rank), or None without stages."""
+    import subprocess
+    import tempfile
 
-    pp = config.parallelism.pipeline_parallel_degree
-    if pp > 1:
-        raise PreflightError(
-            f"--parallelism.pipeline_parallel_degree {pp}: the planner does not plan "
-            "pipeline stages yet. Before its first step torch's pipeline schedule "
-            "agrees each stage's input and output shapes with the neighbouring ranks "
-            "by send and receive, which a traced rank's fake process group cannot "
-            "answer, and torchtitan's pipeline_llm gives the stages no shapes to "
-            "start from. Plan the layout without the flag (FSDP over the same ranks), "
-            "or measure a PP run with TORCHTITAN_NEURON_MEASURE_MEMORY_STEP.")
+    from torchtitan_neuron.plan.sweep import plan_command
+    from torchtitan_neuron.tracing.world import last_stage_rank
+
+    rank = last_stage_rank(config, opts.ngpu)
+    if opts.rank is not None or rank == 0:
+        return None
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    extra = [f"--capacity-gib={opts.capacity_gib}"] if opts.capacity_gib is not None else []
+    proc = subprocess.Popen(plan_command(opts, "--json", f"--rank={rank}", *extra, *overrides),
+                            stdout=out, stderr=err)
+
+    def wait():
+        proc.wait()
+        out.seek(0)
+        lines = [l for l in out.read().splitlines() if l.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            err.seek(0)
+            last = [l for l in err.read().splitlines() if l.strip()][-1:] or ["no output"]
+            return None, rank, last[0][-300:]
+        return json.loads(lines[-1]), rank, None
+
+    return wait
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # Read by the traces, the shallow ones in their own processes included.
         os.environ[EP_IMBALANCE_ENV] = str(opts.ep_imbalance)
+    if opts.rank is not None:
+        os.environ["RANK"] = str(opts.rank)
     try:
         config = checked_config(opts, overrides)
-        refuse_unplannable(config)
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -96,8 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         if result is None:
             logger.warning(f"Tracing every block: {why}")
     if result is None:
+        last_stage = last_stage_plan(opts, overrides, config)
         result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
                       top=max(opts.top, 0))
+        if last_stage is not None:
+            other, rank, error = last_stage()
+            if other is None:
+                print(f"Error: the plan of rank {rank} (the last pipeline stage's) failed: "
+                      f"{error}", file=sys.stderr, flush=True)
+                return 1
+            result = result.with_stage_rank(Plan.from_json(other), rank)
     if opts.capacity_gib is not None:
         result.capacity_gib = opts.capacity_gib
     if opts.json:

@@ -131,6 +131,9 @@ def layout(config, trainer) -> dict:
     accumulation = trainer.gradient_accumulation_steps
     return {"tp": pd.tp, "dp_shard": pd.dp_shard, "dp_replicate": pd.dp_replicate,
             **({"cp": pd.cp} if pd.cp > 1 else {}),
+            **({"pp": pd.pp, "pp_schedule": config.parallelism.pipeline_parallel_schedule,
+                "microbatches": trainer.num_pipeline_parallel_microbatches}
+               if pd.pp > 1 else {}),
             **({"ep": pd.ep, "ep_imbalance": ep_imbalance()} if pd.ep > 1 else {}),
             **({"free_gradients": True} if config.training.disable_cuda_graphs else {}),
             "local_batch": config.training.local_batch_size,

@@ -23,6 +23,27 @@ class Plan:
     trace: dict = field(default_factory=dict)
     # Neuron targets: the scratchpad mode assumed, why, and the peak in each.
     scratchpad: dict = field(default_factory=dict)
+    # Pipeline parallelism: the traced rank, and each traced rank's peak.
+    rank: int = 0
+    stage_peaks: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        """The plan ``to_json`` wrote (another process's)."""
+        return cls(recipe=data["recipe"], ngpu=data["ngpu"], target=data["target"],
+                   layout=data["layout"], peak_gib=data["peak_gib"],
+                   capacity_gib=data["capacity_gib"], breakdown=data["breakdown"],
+                   largest=data.get("largest_at_peak", []), trace=data.get("trace", {}),
+                   scratchpad=data.get("scratchpad", {}), rank=data.get("rank", 0))
+
+    def with_stage_rank(self, other: "Plan", rank: int) -> "Plan":
+        """Of this plan (rank 0, the first pipeline stage's) and ``other``
+        (``rank``'s, the last stage's), the one with the larger peak, both
+        peaks named in ``stage_peaks``."""
+        worst = other if other.peak_gib > self.peak_gib else self
+        worst.rank = rank if worst is other else 0
+        worst.stage_peaks = {"0": round(self.peak_gib, 4), str(rank): round(other.peak_gib, 4)}
+        return worst
 
     @property
     def fits(self) -> bool:
@@ -42,6 +63,8 @@ class Plan:
             "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
             **({"largest_at_peak": self.largest} if self.largest else {}),
             **({"trace": self.trace} if self.trace else {}),
+            **({"rank": self.rank} if self.rank else {}),
+            **({"stage_peaks_gib": self.stage_peaks} if self.stage_peaks else {}),
             **({"scratchpad": {**self.scratchpad, "peak_gib": {
                 k: round(v, 4) for k, v in self.scratchpad["peak_gib"].items()}}}
                if self.scratchpad else {}),
@@ -50,7 +73,8 @@ class Plan:
     def describe(self) -> str:
         lines = [
             f"Memory plan for {self.recipe} on {self.ngpu} x {self.target} "
-            f"({', '.join(f'{k} {v}' for k, v in self.layout.items())}), one rank:",
+            f"({', '.join(f'{k} {v}' for k, v in self.layout.items())}), "
+            + (f"rank {self.rank}:" if self.stage_peaks else "one rank:"),
         ]
         for name, gib in self.breakdown.items():
             lines.append(f"  {name.replace('_', ' '):<28} {gib:9.3f} GiB")
@@ -75,6 +99,11 @@ class Plan:
             first, second = self.trace["traced_layers"]
             lines.append(f"traced: the first {first} and {second} of {self.trace['layers']} "
                          "blocks, extrapolated (--every-block traces all)")
+        if self.stage_peaks:
+            first, last = self.stage_peaks.items()
+            lines.append(f"pipeline stages: rank {first[0]} (the first stage) peaks at "
+                         f"{first[1]:.3f} GiB, rank {last[0]} (the last stage, with the "
+                         f"logits) at {last[1]:.3f} GiB; the plan above is the larger")
         verdict = "fits" if self.fits else "OOM"
         lines.append(
             f"verdict: {verdict} (headroom {self.headroom_gib:+.3f} GiB, "

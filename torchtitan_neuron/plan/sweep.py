@@ -52,9 +52,9 @@ def _plan_in_subprocess(opts, overrides: list[str], extra: list[str]) -> dict:
 def sweep(opts, overrides: list[str], base: Plan) -> list[str]:
     """Table over TP x AC at the recipe's global batch, and the smallest change
     that fits when the recipe as given does not."""
-    # Expert and context parallel degrees (the recipe's, or the flags') are
+    # Expert, context and pipeline parallel degrees (the recipe's, or the flags') are
     # held in every cell and shown beside TP.
-    held = [dim for dim in ("ep", "cp") if dim in base.layout]
+    held = [dim for dim in ("ep", "cp", "pp") if dim in base.layout]
     rows, results = _table(opts, overrides, base.layout["global_batch"], held)
     if base.fits:
         rows.append(f"{opts.config} fits as given ({base.peak_gib:.2f} GiB of {base.capacity_gib:.1f}).")

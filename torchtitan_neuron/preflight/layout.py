@@ -134,6 +134,41 @@ def pipeline_stages_refusal(config, dims) -> str | None:
         return (f"{flag}: torchtitan cannot split the model into pipeline stages: {exc} "
                 "(--parallelism.pipeline_parallel_schedule, "
                 "--parallelism.pipeline_parallel_layers_per_stage)")
+    return microbatch_refusal(config, dims.pp, stages)
+
+
+def microbatch_refusal(config, pp: int, stages: int) -> str | None:
+    """Why torch's schedule would refuse this many microbatches when it is
+    built, on every rank, or None: its constructors' own conditions (torch
+    2.14.1 ``schedules.py``), checked before any rank starts."""
+    from torch.distributed.pipelining.schedules import (
+        Schedule1F1B,
+        ScheduleDualPipeV,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+        get_schedule_class,
+    )
+
+    p, t = config.parallelism, config.training
+    name = p.pipeline_parallel_schedule
+    if p.pipeline_parallel_schedule_csv:
+        return None
+    schedule = get_schedule_class(name)
+    micro = p.pipeline_parallel_microbatch_size
+    n = t.local_batch_size // micro
+    counts = (f"--training.local_batch_size {t.local_batch_size} in microbatches of "
+              f"--parallelism.pipeline_parallel_microbatch_size {micro} gives {n}")
+    if issubclass(schedule, (Schedule1F1B, ScheduleDualPipeV)) and n < stages:
+        return (f"--parallelism.pipeline_parallel_schedule {name}: {counts} microbatches, "
+                f"and {name} needs at least one per stage ({stages}). Raise the local batch "
+                f"to {stages * micro} or more, or pick GPipe")
+    if issubclass(schedule, (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)):
+        rounds = max(1, n // pp)
+        if n % rounds:
+            return (f"--parallelism.pipeline_parallel_schedule {name}: {counts} microbatches, "
+                    f"and {name} needs a multiple of its {rounds} rounds (microbatches // "
+                    f"{pp} pipeline ranks). Use a local batch of {rounds * micro * (n // rounds)} "
+                    f"or {rounds * micro * (n // rounds + 1)}")
     return None
 
 

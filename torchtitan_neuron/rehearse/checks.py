@@ -173,12 +173,15 @@ HEAVY_EAGER_OPS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten._grouped
                              "aten._scaled_dot_product_fused_attention_overrideable"})
 _TORCH_DIR = str(Path(torch.__file__).parent) + "/"
 _REHEARSAL_DIR = str(Path(__file__).parent) + "/"
+# The stand-in device's modes (its torch.tensor redirect) are no caller.
+_STAND_IN = str(Path(__file__).parent.parent / "tracing" / "neuron_device.py")
 
 
 def caller() -> str | None:
-    """The innermost frame outside torch and the rehearsal, as file:line."""
+    """The innermost frame outside torch, the rehearsal and its stand-in
+    device, as file:line."""
     for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith((_TORCH_DIR, _REHEARSAL_DIR)):
+        if not frame.filename.startswith((_TORCH_DIR, _REHEARSAL_DIR, _STAND_IN)):
             return f"{frame.filename}:{frame.lineno}"
     return None
 

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 COMPLEX_ENV = "TORCH_NEURONX_COMPLEX_DECOMPOSE"
 
 
+# Pipeline parallelism's send and receive: torch's schedule runs them between
+# the stages' compiled programs by design, so they are listed, not warned of.
+PIPELINE_P2P = frozenset({"c10d.send", "c10d.recv_", "c10d.isend", "c10d.irecv"})
+
+
 @dataclass
 class Report:
     recipe: str
@@ -62,7 +67,8 @@ class Report:
         if self.dtypes.get("float64") or self.eager.get("dtypes", {}).get("float64"):
             out.append("float64 tensors in the step: Trainium computes in 32 bits "
                        "or fewer; check why a double appears")
-        heavy = self.eager.get("heavy", {})
+        heavy = {k: v for k, v in self.eager.get("heavy", {}).items()
+                 if k not in PIPELINE_P2P}
         if self.graphs and heavy:
             ops = ", ".join(f"{k} x{v['count']} (first at {v['first_at']})"
                             for k, v in sorted(heavy.items()))

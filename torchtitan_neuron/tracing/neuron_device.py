@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from torchtitan_neuron.devices import NEURON
 from torchtitan_neuron.devices.neuron import CORE_MEMORY_GIB, HOST_CORES
@@ -106,6 +107,16 @@ class StandInNeuronModule:
         pass
 
     manual_seed_all = manual_seed
+
+    def get_rng_state(self, device=None) -> torch.Tensor:
+        # A Neuron generator's state is 16 bytes, an 8-byte seed then an
+        # 8-byte offset (AWS Neuron docs, torch/reference/random-number-
+        # generation). torch.random.fork_rng reads and restores it; pipeline
+        # schedules fork it before their first step.
+        return torch.zeros(16, dtype=torch.uint8)
+
+    def set_rng_state(self, state, device=None) -> None:
+        pass
 
     Stream = StandInStream
     Event = StandInEvent
@@ -241,6 +252,23 @@ def init_process_group(ngpu: int, rank: int = 0) -> None:
     torch.autograd.set_multithreading_enabled(False)
 
 
+class TensorOnDevice(TorchFunctionMode):
+    """``torch.tensor(data, device=neuron)`` built on the host, then copied.
+
+    torch builds such a tensor below the dispatch modes, so ``HostToFakeDevice``
+    never sees it and the stand-in device has no kernel for it. Built on the
+    host and copied with ``.to``, it reaches ``HostToFakeDevice`` as every
+    other host-to-device copy does (torchtitan's pipeline step returns
+    ``torch.tensor([-1.0], device=...)`` on ranks without the last stage)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if func is torch.tensor and device is not None and torch.device(device).type == DEVICE:
+            return func(*args, **{**kwargs, "device": "cpu"}).to(device)
+        return func(*args, **kwargs)
+
+
 class HostToFakeDevice(TorchDispatchMode):
     """Ops that would put host data on ``neuron`` make FakeTensors instead.
 
@@ -262,6 +290,17 @@ class HostToFakeDevice(TorchDispatchMode):
         super().__init__()
         self.fake_mode = fake_mode
         self.shadows: dict[int, tuple] = {}
+        self.factory = TensorOnDevice()
+
+    def __enter__(self):
+        self.factory.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.factory.__exit__(*exc)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:

@@ -38,6 +38,24 @@ EP_IMBALANCE_ENV = "TORCHTITAN_NEURON_EP_IMBALANCE"
 DEFAULT_EP_IMBALANCE = 2.0
 
 
+def traced_rank() -> int:
+    """The rank a trace stands for: 0, or ``RANK`` where the planner traces
+    another (the last pipeline stage's, ``last_stage_rank``)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def last_stage_rank(config, ngpu: int) -> int:
+    """The first rank holding the last pipeline stage: pipeline parallelism
+    is the outermost mesh dimension, so pipeline rank r starts at global rank
+    r * ngpu / pp; torch's V schedules put the last stage on pipeline rank
+    0, the others on the last."""
+    pp = config.parallelism.pipeline_parallel_degree
+    schedule = config.parallelism.pipeline_parallel_schedule
+    if pp == 1 or schedule.lower() in ("zbvzerobubble", "dualpipev"):
+        return 0
+    return (pp - 1) * (ngpu // pp)
+
+
 def ep_imbalance() -> float:
     return float(os.environ.get(EP_IMBALANCE_ENV, DEFAULT_EP_IMBALANCE))
 
@@ -60,7 +78,7 @@ def neuron_world(ngpu: int, target: str):
         min(ngpu, HOST_CORES[target]))}
     with fake_world(ngpu), mock.patch.dict(os.environ, env):
         installed = devices.install(devices.NEURON)
-        device.init_process_group(ngpu)
+        device.init_process_group(ngpu, traced_rank())
         yield installed, module, FakeTensorMode(allow_non_fake_inputs=True)
 
 
@@ -74,7 +92,7 @@ def fake_world(ngpu: int):
     from torchtitan_neuron.components.expert_kernels import EXPERT_KERNEL_ENV
     from torchtitan_neuron.tracing.patches import balanced_expert_routing
 
-    env = {"NGPU": str(ngpu), "RANK": os.environ.get("RANK", "0"),
+    env = {"NGPU": str(ngpu), "RANK": str(traced_rank()),
            EXPERT_KERNEL_ENV: os.environ.get(EXPERT_KERNEL_ENV, "grouped_mm")}
     with mock.patch.dict(os.environ, env), balanced_expert_routing(ep_imbalance()):
         yield
@@ -82,9 +100,13 @@ def fake_world(ngpu: int):
 
 def build_fake_trainer(config, hook, fake_mode):
     """The recipe's trainer, its model materialized as FakeTensors of
-    ``fake_mode``, built with ``hook`` (``StepHook``)."""
-    with fake_model_state(fake_mode):
-        return config.build(step_hook=hook)
+    ``fake_mode``, built with ``hook`` (``StepHook``); pipeline stages are
+    given their shapes (``static_pipeline_stages``)."""
+    with fake_model_state(fake_mode), static_pipeline_stages(config):
+        trainer = config.build(step_hook=hook)
+    if getattr(trainer, "pp_schedule", None) is not None:
+        static_schedule(trainer.pp_schedule)
+    return trainer
 
 
 def two_steps_of_batches(trainer) -> list:
@@ -95,3 +117,86 @@ def two_steps_of_batches(trainer) -> list:
     loader = trainer.dataloader
     return [loader.batch()
             for _ in range(2 * trainer.gradient_accumulation_steps * microbatches)]
+
+
+def stage_shapes(config, stage_index: int, num_stages: int, tp_mesh=None):
+    """(input, output) of one pipeline stage as meta tensors, from the
+    config alone: what torch's schedule would otherwise agree with the
+    neighbouring ranks by send and receive before the first step.
+
+    The first stage takes a microbatch of token ids; a stage hands the next
+    its hidden states, in the mixed-precision parameter dtype SimpleFSDP
+    casts to (single-rank runs included), split over the sequence by context
+    parallelism and, on ``tp_mesh``, a DTensor sharded over the sequence
+    (tensor parallelism's sequence-parallel layout); the last stage returns
+    the logits. A wrong shape or layout fails the trace (the received buffer
+    meets the stage's graph), so it cannot pass unseen.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    p, t = config.parallelism, config.training
+    micro = p.pipeline_parallel_microbatch_size
+    seq = t.seq_len // max(p.context_parallel_degree, 1)
+    dim = config.model_spec.model.dim
+    dtype = TORCH_DTYPE_MAP[t.mixed_precision_param]
+
+    def activation(*shape, shard=None):
+        # requires_grad: the schedule sends the activations' gradients back.
+        if tp_mesh is None or shard is None:
+            return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=True)
+        local = list(shape)
+        local[shard] //= tp_mesh.size()
+        return DTensor.from_local(
+            torch.empty(*local, dtype=dtype, device="meta", requires_grad=True),
+            tp_mesh, [Shard(shard)], run_check=False)
+
+    hidden = activation(micro, seq, dim, shard=1)
+    inputs = (torch.empty(micro, seq, dtype=torch.int64, device="meta") if stage_index == 0
+              else hidden)
+    if stage_index < num_stages - 1:
+        return inputs, hidden
+    return inputs, activation(micro, seq, config.model_spec.model.vocab_size)
+
+
+@contextlib.contextmanager
+def static_pipeline_stages(config):
+    """torchtitan's ``pipeline_llm`` builds each ``PipelineStage`` with its
+    shapes from ``stage_shapes``: a traced rank's fake process group cannot
+    answer the shape agreement of torch's schedule, which then needs static
+    shapes (``static_schedule`` skips the agreement)."""
+    import torchtitan.distributed.pipeline_parallel as pipeline_parallel
+    from torch.distributed.pipelining import PipelineStage
+
+    def stage(submodule, stage_index, num_stages, device, **kwargs):
+        tp_mesh = (kwargs["get_mesh"](("tp",), None)
+                   if config.parallelism.tensor_parallel_degree > 1 else None)
+        inputs, outputs = stage_shapes(config, stage_index, num_stages, tp_mesh)
+        grads = {}
+        if tp_mesh is not None:
+            # DTensors: torch asks for their gradients' layouts too.
+            grads = dict(input_grads=(None,) if stage_index == 0 else inputs,
+                         output_grads=outputs)
+        return PipelineStage(submodule, stage_index, num_stages, device,
+                             input_args=inputs, output_args=outputs, **grads, **kwargs)
+
+    with mock.patch.object(pipeline_parallel, "PipelineStage", stage):
+        yield
+
+
+def static_schedule(schedule) -> None:
+    """``schedule`` (a traced rank's pipeline schedule) takes its stages'
+    static shapes without the vote its ``_warmup_p2p`` holds before the first
+    step: what torch does itself on a process group whose backend is "fake".
+    The rehearsal's stand-in "neuron" group is fake too, but torch cannot
+    tell, and the vote's ``torch.tensor(..., device=neuron)`` has no kernel."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def static_warmup(stages, has_backward, p2p_done):
+        for st in stages:
+            if InferenceMode.needs_dynamic(st._user_meta, has_backward):
+                raise RuntimeError(f"pipeline stage {st.stage_index} has no static shapes")
+            st._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = static_warmup
