@@ -97,6 +97,13 @@ def case_missing_tokenizer(tmp):
     return _preflight_case([*FAST, f"--hf_assets_path={tmp}/no-tokenizer"], "--hf_assets_path")
 
 
+def case_validation_dataset(tmp):
+    # A validation folder that is not there: named before any rank starts.
+    return _preflight_case([*FAST, "--validator.enable", "--validator.dataloader.dataset",
+                            "c4_test", f"--validator.dataloader.dataset_path={tmp}/no-val"],
+                           "--validator.dataloader.dataset_path")
+
+
 def case_gated_download(tmp):
     out = _run([sys.executable, "scripts/download_hf_assets.py", "--repo_id",
                 "meta-llama/Llama-3.1-8B", "--assets", "tokenizer",
@@ -298,6 +305,7 @@ CASES = {
     "gpt-oss-ep-vs-experts": case_gpt_oss_ep_vs_experts,
     "gpt-oss-fsdp-vs-experts": case_gpt_oss_fsdp_vs_experts,
     "pp-stages": case_pp_stages,
+    "validation-dataset": case_validation_dataset,
     "pp-microbatches": case_pp_microbatches,
     "gpt-oss-cp": case_gpt_oss_cp,
     "plan-ep": case_plan_ep,

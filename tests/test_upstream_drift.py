@@ -245,6 +245,11 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.distributed.pipeline_parallel:_generate_llm_fqn_per_model_part":
             "a18d710d17e556df",
     },
+    "held-out-validation": {
+        # The default replaced, and the copy that sets infinite by --validator.steps.
+        "torchtitan.components.validate:Validator.Config": "68a6a6bc57271ed7",
+        "torchtitan.components.validate:Validator.__init__": "f709ccbe93e3597c",
+    },
     "plan-pp-static-stages": {
         # Builds each stage without shapes; the module-level name is patched.
         "torchtitan.distributed.pipeline_parallel:_pipeline_module_split": "ad12cfa9e56712b5",

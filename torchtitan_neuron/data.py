@@ -18,11 +18,18 @@ data-parallel degree.
 The price: every rank tokenizes the whole stream, ``dp_world_size`` times the
 tokenization work of the split loader. For the CPU rehearsals this project
 targets that is a small share of a step.
+
+Held-out validation (``held_out_validation``): with the validator on and no
+dataset of its own, one document in ``HOLDOUT_EVERY`` of the training dataset
+(chosen by a hash of its text, so the same documents whatever the order or
+epoch) is left out of training (``split train``) and is the validation data
+(``split validation``).
 """
 
 from __future__ import annotations
 
 import pickle
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +47,28 @@ from torchtitan.tools.logging import logger
 from torchtitan_neuron.config_utils import promote
 
 STATE_KEY = "global_stream"
+# One document in this many is held out for validation when the validator
+# reads the training dataset (5%: 174 of the bundled c4_test's 3487).
+HOLDOUT_EVERY = 20
+SPLITS = ("all", "train", "validation")
+# torchtitan's default validation dataset: c4's validation split, on the Hub.
+UPSTREAM_VALIDATION_DATASET = "c4_validation"
+
+
+def held_out(text: str) -> bool:
+    """Whether a document is in the validation split: a CRC-32 of its text,
+    the same on every rank, in every order and epoch."""
+    return zlib.crc32(text.encode("utf-8")) % HOLDOUT_EVERY == 0
 
 
 class PackedTextStream:
     """The global stream of packed ``seq_len`` sequences over a text dataset."""
 
     def __init__(self, dataset_name: str, dataset_path: str | None,
-                 tokenizer: BaseTokenizer, seq_len: int, infinite: bool):
+                 tokenizer: BaseTokenizer, seq_len: int, infinite: bool, split: str = "all"):
+        if split not in SPLITS:
+            raise ValueError(f"--dataloader.split {split!r}: one of {', '.join(SPLITS)}")
+        self.split = split
         self.dataset_name = dataset_name.lower()
         path, loader, self._text_of = _validate_dataset(self.dataset_name, dataset_path)
         self._data = loader(path)
@@ -92,13 +114,16 @@ class PackedTextStream:
                 sample = next(self._samples)
             except StopIteration:
                 return False
-        tokens = self._tokenizer.encode(self._text_of(sample), add_bos=True, add_eos=True)
+        self.sample_idx += 1
+        text = self._text_of(sample)
+        if self.split != "all" and held_out(text) != (self.split == "validation"):
+            return True  # the other split's document
+        tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
         # Shift inside the document: a document's last input never predicts
         # the next document's first token (torchtitan's packing).
         self._inputs.extend(tokens[:-1])
         self._labels.extend(tokens[1:])
         self._positions.extend(range(len(tokens) - 1))
-        self.sample_idx += 1
         return True
 
     def next_sequence(self) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
@@ -157,7 +182,10 @@ class LayoutInvariantTextDataLoader(BaseDataLoader):
 
     @dataclass(kw_only=True, slots=True)
     class Config(HuggingFaceTextDataLoader.Config):
-        pass
+        split: str = "all"
+        """Which documents: ``all``; ``train``, all but the held-out ones; or
+        ``validation``, only those (one in ``HOLDOUT_EVERY``, by a hash of the
+        text). Set by the validator's held-out default."""
 
     def __init__(
         self,
@@ -177,7 +205,8 @@ class LayoutInvariantTextDataLoader(BaseDataLoader):
                 "process; remove the flag (tokenization is a small share of a step)."
             )
         self.stream = PackedTextStream(
-            config.dataset, config.dataset_path, tokenizer, seq_len, config.infinite
+            config.dataset, config.dataset_path, tokenizer, seq_len, config.infinite,
+            config.split,
         )
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
@@ -225,3 +254,36 @@ def layout_invariant(dataloader_config: BaseDataLoader.Config) -> BaseDataLoader
     if type(dataloader_config) is not HuggingFaceTextDataLoader.Config:
         return dataloader_config
     return promote(dataloader_config, LayoutInvariantTextDataLoader.Config)
+
+
+def held_out_validation(config) -> str | None:
+    """With the validator on, the data it reads, set in ``config``; returns
+    what was chosen, for the log, or None when the validator is off.
+
+    torchtitan's default validation dataset is c4's validation split on the
+    Hub: it stays for a run that trains on c4 itself (and the preflight says
+    when the Hub cannot be reached). For any other training data, and when
+    the validator names the training dataset itself, the validator reads the
+    held-out split of the training dataset and training skips it, so no
+    training document is validated on. Another dataset named for the
+    validator is read as it is."""
+    if not getattr(config, "validator", None) or not config.validator.enable:
+        return None
+    train, val = config.dataloader, config.validator.dataloader
+    if not isinstance(train, LayoutInvariantTextDataLoader.Config):
+        return f"{getattr(val, 'dataset', type(val).__name__)} (as set)"
+    default = (type(val) is HuggingFaceTextDataLoader.Config
+               and val.dataset == UPSTREAM_VALIDATION_DATASET and not val.dataset_path)
+    same = (isinstance(val, HuggingFaceTextDataLoader.Config) and val.dataset == train.dataset
+            and (val.dataset_path or None) == (train.dataset_path or None))
+    if default and train.dataset == "c4" and not train.dataset_path:
+        return f"{UPSTREAM_VALIDATION_DATASET} (c4's own validation split)"
+    if not (default or same):
+        return f"{val.dataset} (--validator.dataloader.dataset)"
+    held = promote(train, LayoutInvariantTextDataLoader.Config)
+    held.split = "validation"
+    held.infinite = val.infinite
+    config.validator.dataloader = held
+    train.split = "train"
+    return (f"the held-out 1/{HOLDOUT_EVERY} of {train.dataset}'s documents "
+            "(left out of training)")

@@ -112,8 +112,13 @@ class RunRecord(BaseLogger):
     def __init__(self, inner: BaseLogger):
         self.inner = inner
         self.rows: list[dict] = []
+        self.validation: list[dict] = []  # the validator's losses, by step
 
     def log(self, metrics: dict, step: int) -> None:
+        if "validation_metrics/loss" in metrics:
+            self.validation.append({"step": step, "loss": metrics["validation_metrics/loss"]})
+            self.inner.log(metrics, step)
+            return
         self.rows.append({
             "step": step,
             "loss": metrics.get("loss_metrics/global_avg_loss"),
@@ -237,6 +242,8 @@ def summarize(config, record: RunRecord, compile_progress: CompileProgress | Non
         "structured_logs": (str(dump / "structured_logs")
                             if config.debug.enable_structured_logging else None),
         "steps": rows,
+        "validation": record.validation,
+        "validation_loss_last": record.validation[-1]["loss"] if record.validation else None,
     }
     counterpart = cpu_twins.trainium_counterpart(module or "", recipe or "")
     if platform_name == "cpu" and counterpart:
@@ -263,6 +270,10 @@ def describe(summary: dict) -> str:
     if summary["first_step_compile_s"] is not None:
         lines.append(f"  first step           {summary['first_step_compile_s']:.1f} s with "
                      f"tracing and compiling ({summary['compile_cache']})")
+    if summary.get("validation"):
+        last = summary["validation"][-1]
+        lines.append(f"  validation loss      {last['loss']:.5f} at step {last['step']} "
+                     f"({len(summary['validation'])} validations)")
     for label, key in (("checkpoints", "checkpoints"), ("tensorboard", "tensorboard"),
                        ("structured logs", "structured_logs"), ("this summary", "file")):
         lines.append(f"  {label:<20} {summary.get(key) or 'off'}")

@@ -40,6 +40,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import devices, run_report
+from torchtitan_neuron.data import held_out_validation
 from torchtitan_neuron.checkpoint import NeuronCheckpointManager
 from torchtitan_neuron.hf import export_hand_off, unexpressed_import_skip
 from torchtitan_neuron.run_report import NeuronMetricsProcessor
@@ -227,6 +228,9 @@ class NeuronTrainerMixin:
         project's components, the platform installed, the compile backend
         resolved, the model options applied."""
         neuron_components(config)
+        validation = held_out_validation(config)
+        if validation:
+            logger.info(f"Validation every {config.validator.freq} steps reads {validation}")
         if not self.step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
         devices.install()

@@ -88,9 +88,17 @@ def check_json_lines(folder: Path, field: str = TEXT_FIELD) -> None:
 
 
 def check_dataset(config) -> None:
-    """The dataset can be read: a local folder exists and its JSON lines are
-    sound; a hub dataset is reachable."""
-    dl = config.dataloader
+    """The datasets can be read, the training one and, with the validator on,
+    the one it validates on (``held_out_validation`` chooses it): a local
+    folder exists and its JSON lines are sound; a hub dataset is reachable."""
+    from torchtitan_neuron.data import held_out_validation
+
+    _check_loader(config.dataloader, "--dataloader")
+    if held_out_validation(config):
+        _check_loader(config.validator.dataloader, "--validator.dataloader")
+
+
+def _check_loader(dl, flag: str) -> None:
     name = getattr(dl, "dataset", None)
     if name is None:
         return
@@ -99,11 +107,13 @@ def check_dataset(config) -> None:
         why = _hub_unreachable(HUB_DATASETS[name])
         if why:
             raise PreflightError(
-                f"--dataloader.dataset {name} streams {HUB_DATASETS[name]} from the "
+                f"{flag}.dataset {name} streams {HUB_DATASETS[name]} from the "
                 f"Hugging Face Hub, which cannot be reached ({why}). Use "
-                "--dataloader.dataset c4_test for the bundled sample, or pass "
-                "--dataloader.dataset_path <folder> with a local copy laid out "
+                f"{flag}.dataset c4_test for the bundled sample, or pass "
+                f"{flag}.dataset_path <folder> with a local copy laid out "
                 f"like {HUB_DATASETS[name]} (an en/ folder of c4-train.*.json.gz)."
+                + (" Without a dataset of its own the validator reads a held-out "
+                   "part of the training data." if flag.startswith("--validator") else "")
             )
         return
     if not path:
@@ -117,7 +127,7 @@ def check_dataset(config) -> None:
         return  # a hub id such as org/name: datasets resolves it
     if not folder.exists():
         raise PreflightError(
-            f"--dataloader.dataset_path={path}: no such file or folder "
+            f"{flag}.dataset_path={path}: no such file or folder "
             f"(dataset {name}). Run from the repository root for the bundled "
             "c4_test, or pass the folder that holds the data."
         )
