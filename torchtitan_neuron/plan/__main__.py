@@ -47,33 +47,16 @@ def last_stage_plan(opts, overrides: list[str], config):
     """Under pipeline parallelism rank 0 holds the first stage (the most
     microbatches in flight under 1F1B) and another rank the last (the
     logits and the loss): that rank's plan starts here in its own process,
-    traced while this one traces rank 0. Returns a function that waits for
-    it: (its plan's JSON, or None, and its rank), or None without stages."""
-    import subprocess
-    import tempfile
-
-    from torchtitan_neuron.plan.sweep import plan_command
+    traced while this one traces rank 0. Returns (its rank, a function that
+    waits for it: ``start_plan``'s), or None without stages."""
+    from torchtitan_neuron.plan.sweep import plan_command, start_plan
     from torchtitan_neuron.tracing.world import last_stage_rank
 
     rank = last_stage_rank(config, opts.ngpu)
     if opts.rank is not None or rank == 0:
         return None
-    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     extra = [f"--capacity-gib={opts.capacity_gib}"] if opts.capacity_gib is not None else []
-    proc = subprocess.Popen(plan_command(opts, "--json", f"--rank={rank}", *extra, *overrides),
-                            stdout=out, stderr=err)
-
-    def wait():
-        proc.wait()
-        out.seek(0)
-        lines = [l for l in out.read().splitlines() if l.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            err.seek(0)
-            last = [l for l in err.read().splitlines() if l.strip()][-1:] or ["no output"]
-            return None, rank, last[0][-300:]
-        return json.loads(lines[-1]), rank, None
-
-    return wait
+    return rank, start_plan(plan_command(opts, "--json", f"--rank={rank}", *extra, *overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         result = plan(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config,
                       top=max(opts.top, 0))
         if last_stage is not None:
-            other, rank, error = last_stage()
+            rank, wait = last_stage
+            other, error = wait()
             if other is None:
                 print(f"Error: the plan of rank {rank} (the last pipeline stage's) failed: "
                       f"{error}", file=sys.stderr, flush=True)

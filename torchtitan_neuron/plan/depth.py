@@ -25,14 +25,11 @@ peak) traces the whole model instead.
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
-import tempfile
 from collections import Counter
 from types import SimpleNamespace
 
 from torchtitan_neuron.plan.report import Plan
-from torchtitan_neuron.plan.sweep import plan_command
+from torchtitan_neuron.plan.sweep import plan_command, start_plan
 
 # Units of the repeated run in the two shallow traces. Four is the fewest
 # with a ``second`` and a ``penult`` unit that differ from ``first`` and
@@ -119,26 +116,16 @@ def truncate(config, units: int) -> tuple[int, int, int]:
 
 def shallow_traces(opts, overrides: list[str]) -> tuple[list[dict], str | None]:
     """The two shallow traces, each in its own process (a fake world and
-    compile state of its own), run at once; (results, error). Their output
-    goes to files, so neither waits on a full pipe while the other runs."""
-    runs = []
-    for units in REDUCED:
-        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        cmd = plan_command(opts, f"--layers-traced={units}", *overrides)
-        runs.append((units, subprocess.Popen(cmd, stdout=out, stderr=err), out, err))
+    compile state of its own), run at once; (results, error)."""
+    waits = [(units, start_plan(plan_command(opts, f"--layers-traced={units}", *overrides)))
+             for units in REDUCED]
     results, error = [], None
-    for units, proc, out, err in runs:
-        code = proc.wait()
-        out.seek(0)
-        err.seek(0)
-        lines = [l for l in out.read().splitlines() if l.startswith("{")]
-        if code != 0 or not lines:
-            last = [l for l in err.read().splitlines() if l.strip()][-1:] or ["no output"]
-            error = error or f"the {units}-unit trace failed: {last[0][-300:]}"
+    for units, wait in waits:
+        result, why = wait()
+        if result is None:
+            error = error or f"the {units}-unit trace failed: {why}"
         else:
-            results.append(json.loads(lines[-1]))
-        out.close()
-        err.close()
+            results.append(result)
     return results, error
 
 

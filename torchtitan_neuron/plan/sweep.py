@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 
 from torchtitan_neuron.plan.report import Plan
 
@@ -33,6 +34,29 @@ def plan_command(opts, *args: str) -> list[str]:
     (plan/depth.py) are launched, each in its own process."""
     return [sys.executable, "-m", "torchtitan_neuron.plan", "--module", opts.module,
             "--config", opts.config, f"--ngpu={opts.ngpu}", f"--target={opts.target}", *args]
+
+
+def start_plan(cmd: list[str]):
+    """``cmd`` (a planner command printing one JSON line) started in its own
+    process, its output to files so it never waits on a full pipe; returns
+    a function that waits for it: (the JSON, None) or (None, its last error
+    line)."""
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+
+    def wait() -> tuple[dict | None, str | None]:
+        code = proc.wait()
+        out.seek(0)
+        err.seek(0)
+        lines = [l for l in out.read().splitlines() if l.startswith("{")]
+        last = [l for l in err.read().splitlines() if l.strip()][-1:] or ["no output"]
+        out.close()
+        err.close()
+        if code != 0 or not lines:
+            return None, last[0][-300:]
+        return json.loads(lines[-1]), None
+
+    return wait
 
 
 def _plan_in_subprocess(opts, overrides: list[str], extra: list[str]) -> dict:
