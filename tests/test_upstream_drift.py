@@ -250,6 +250,14 @@ PINNED: dict[str, dict[str, str]] = {
         "torchtitan.components.validate:Validator.Config": "68a6a6bc57271ed7",
         "torchtitan.components.validate:Validator.__init__": "f709ccbe93e3597c",
     },
+    "validator-trainer-batches": {
+        "torchtitan.components.validate:Validator.post_dataloading_process":
+            "43848f8c9c22d579",
+    },
+    "chat-packing": {
+        # The prompt masking followed by PackedTextStream._chat_pair.
+        "torchtitan.hf_datasets.text_datasets:ChatDataset._tokenize_sample": "4af7a42897ca1ef8",
+    },
     "plan-pp-static-stages": {
         # Builds each stage without shapes; the module-level name is patched.
         "torchtitan.distributed.pipeline_parallel:_pipeline_module_split": "ad12cfa9e56712b5",

@@ -106,24 +106,85 @@ def test_the_preflight_refuses_a_validation_dataset_it_cannot_read(monkeypatch, 
     checks.check_dataset(_parse("--validator.enable"))  # the held-out default reads
 
 
+def test_chat_conversations_are_masked_to_the_answer_and_never_split(tmp_path):
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path="./tests/assets/tokenizer")
+    stream = PackedTextStream("chat_test", None, tokenizer, 128, False)
+    path, _ = "tests/assets/chat_test/data.json", None
+    conversations = [json.loads(line)["messages"] for line in open(path)]
+    answers, rows = [], []
+    for _ in range(6):
+        inputs, labels = stream.next_sequence()
+        rows.append((inputs["input"].tolist(), labels.tolist(), inputs["positions"].tolist()))
+    # Every document (positions from 0) either is one whole conversation,
+    # whose labels are its answer and the end of text, or padding.
+    for tokens, labels, positions in rows:
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+        for a, b in zip(starts, starts[1:]):
+            kept = [y for y in labels[a:b] if y != IGNORE_INDEX]
+            if not kept:
+                assert set(tokens[a:b]) == {tokenizer.eos_id}  # padding
+                continue
+            assert kept[-1] == tokenizer.eos_id
+            answers.append(tokenizer.decode(kept[:-1]))
+    expected = [m[1]["content"] for m in conversations[:len(answers)]]
+    assert answers == expected and len(answers) >= 8
+    # The bundled template is used when the tokenizer has none; roles are checked.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "data.json").write_text(json.dumps({"messages": [
+        {"role": "assistant", "content": "hi"}, {"role": "user", "content": "hi"}]}) + "\n")
+    (bad / "chat_template.jinja").write_text(open("tests/assets/chat_test/chat_template.jinja").read())
+    with pytest.raises(ValueError, match=r"roles \['assistant', 'user'\]; a conversation here "
+                       r"is one user turn, then one assistant turn"):
+        PackedTextStream("chat", str(bad), tokenizer, 128, False).next_sequence()
+
+
+def test_the_preflight_reads_a_chat_folder_line_by_line(tmp_path):
+    from torchtitan_neuron.preflight import PreflightError
+    from torchtitan_neuron.preflight import data as checks
+
+    checks.check_dataset(_parse("--dataloader.dataset", "chat_test"))
+    with pytest.raises(PreflightError, match=r"--dataloader.dataset chat reads a chat folder "
+                       r"of your own: pass --dataloader.dataset_path"):
+        checks.check_dataset(_parse("--dataloader.dataset", "chat"))
+    (tmp_path / "data.json").write_text('{"messages": []}\n')
+    with pytest.raises(PreflightError, match=r"data.json:1: messages with roles \[\]\. Each "
+                       r"line of a chat dataset is one user turn then one assistant turn"):
+        checks.check_dataset(_parse("--dataloader.dataset", "chat",
+                                    f"--dataloader.dataset_path={tmp_path}"))
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_validation_runs_offline_compiles_once_and_is_summarized(run, dump_folder):
-    # The issue's command (it died on c4_validation), as a user types it.
-    out = run(["--training.steps", "4", "--dataloader.dataset", "c4_test",
-               "--hf_assets_path=./tests/assets/tokenizer", "--validator.enable",
-               "--validator.freq", "2", "--validator.steps", "2",
-               "--training.mixed_precision_param", "float32"],
-              ngpu=1, dump_folder=dump_folder, env={"TORCH_LOGS": "recompiles"})
+def test_sft_recipe_trains_on_answers_validates_held_out_and_compiles_once(run, dump_folder):
+    # The CPU SFT recipe as a user runs it (NGPU, CONFIG, nothing else but a
+    # shorter run): chat data, block-causal, the validator on its held-out
+    # conversations with the trainer's own masks.
+    out = run(["--training.steps", "6", "--validator.freq", "3"],
+              config="simple_fsdp_llama3_debugmodel_sft", ngpu=2, dump_folder=dump_folder,
+              env={"TORCH_LOGS": "recompiles"})
     assert out.returncode == 0, out.tail()
-    assert "reads the held-out 1/20 of c4_test's documents" in out.output
+    assert "reads the held-out 1/20 of chat_test's documents" in out.output
     validations = [line for line in out.output.splitlines() if "validate step:" in line]
-    assert len(validations) == 3, validations  # steps 1, 2 and 4
+    assert len(validations) == 3, validations  # steps 1, 3 and 6
     # The evaluation graphs compile at the first validation (grad mode off),
     # once each for the model and the loss; later validations reuse them.
     recompiles = [line for line in out.output.splitlines() if "Recompiling function" in line]
     assert len(recompiles) == 2, recompiles
     summary = json.loads((dump_folder / "run_summary.json").read_text())
-    assert [v["step"] for v in summary["validation"]] == [1, 2, 4]
-    assert summary["validation_loss_last"] == summary["validation"][-1]["loss"]
-    assert f"validation loss      {summary['validation_loss_last']:.5f} at step 4" in out.output
+    assert [v["step"] for v in summary["validation"]] == [1, 3, 6]
+    losses = [row["loss"] for row in summary["steps"]]
+    assert losses[-1] < losses[0] - 1.0  # the answers' format is learnt fast
+    assert summary["validation"][-1]["loss"] < summary["validation"][0]["loss"]
+    assert f"validation loss      {summary['validation_loss_last']:.5f} at step 6" in out.output
+
+
+def test_the_bundled_chat_set_rebuilds_byte_for_byte(monkeypatch, tmp_path):
+    import build_chat_assets
+
+    monkeypatch.setattr(build_chat_assets, "OUT", tmp_path)
+    build_chat_assets.main()
+    for name in ("data.json", "chat_template.jinja"):
+        assert (tmp_path / name).read_bytes() == open(f"tests/assets/chat_test/{name}", "rb").read()

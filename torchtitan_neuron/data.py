@@ -28,15 +28,18 @@ epoch) is left out of training (``split train``) and is the validation data
 
 from __future__ import annotations
 
+import json
 import pickle
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.hf_datasets.text_datasets import (
     HuggingFaceTextDataLoader,
@@ -55,6 +58,26 @@ SPLITS = ("all", "train", "validation")
 UPSTREAM_VALIDATION_DATASET = "c4_validation"
 
 
+# Chat datasets: JSON lines of {"messages": [user, assistant]}, formatted by
+# the tokenizer's chat template or the folder's own chat_template.jinja; only
+# the assistant's tokens are in the loss. ``chat`` reads any such folder
+# (--dataloader.dataset_path); ``chat_test`` is the bundled set
+# (scripts/build_chat_assets.py).
+CHAT_DATASETS = {"chat": None, "chat_test": "tests/assets/chat_test"}
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def chat_source(name: str, path: str | None):
+    """(loader's data, the folder) of a chat dataset, read as JSON lines."""
+    from datasets import load_dataset
+
+    folder = path or CHAT_DATASETS[name]
+    if folder is None:
+        raise ValueError(f"--dataloader.dataset {name} reads a folder of your own: pass "
+                         "--dataloader.dataset_path <folder with data.json>")
+    return load_dataset("json", data_files=str(Path(folder) / "data.json"), split="train"), folder
+
+
 def held_out(text: str) -> bool:
     """Whether a document is in the validation split: a CRC-32 of its text,
     the same on every rank, in every order and epoch."""
@@ -70,8 +93,20 @@ class PackedTextStream:
             raise ValueError(f"--dataloader.split {split!r}: one of {', '.join(SPLITS)}")
         self.split = split
         self.dataset_name = dataset_name.lower()
-        path, loader, self._text_of = _validate_dataset(self.dataset_name, dataset_path)
-        self._data = loader(path)
+        self.chat = self.dataset_name in CHAT_DATASETS
+        if self.chat:
+            self._data, folder = chat_source(self.dataset_name, dataset_path)
+            self._text_of = lambda sample: sample["messages"]
+            template = Path(folder) / CHAT_TEMPLATE_FILE
+            if getattr(tokenizer, "_chat_template", None) is None:
+                if not template.exists():
+                    raise ValueError(
+                        f"--dataloader.dataset {self.dataset_name}: the tokenizer has no chat "
+                        f"template and {template} does not exist; put the template there")
+                tokenizer.set_chat_template(template.read_text())
+        else:
+            path, loader, self._text_of = _validate_dataset(self.dataset_name, dataset_path)
+            self._data = loader(path)
         self._tokenizer = tokenizer
         self.seq_len = seq_len
         self.infinite = infinite
@@ -115,16 +150,54 @@ class PackedTextStream:
             except StopIteration:
                 return False
         self.sample_idx += 1
-        text = self._text_of(sample)
-        if self.split != "all" and held_out(text) != (self.split == "validation"):
+        content = self._text_of(sample)
+        key = json.dumps(content, sort_keys=True) if self.chat else content
+        if self.split != "all" and held_out(key) != (self.split == "validation"):
             return True  # the other split's document
-        tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
+        pair = self._chat_pair(content) if self.chat else self._text_pair(content)
+        if pair is None:
+            return True  # a conversation longer than a sequence: dropped
+        inputs, labels = pair
+        if self.chat and self._inputs and len(self._inputs) + len(inputs) > self.seq_len:
+            # A conversation is never split between sequences: pad the rest of
+            # this one (a document of its own, out of the loss).
+            pad = self.seq_len - len(self._inputs)
+            self._inputs.extend([self._tokenizer.eos_id] * pad)
+            self._labels.extend([IGNORE_INDEX] * pad)
+            self._positions.extend(range(pad))
         # Shift inside the document: a document's last input never predicts
         # the next document's first token (torchtitan's packing).
-        self._inputs.extend(tokens[:-1])
-        self._labels.extend(tokens[1:])
-        self._positions.extend(range(len(tokens) - 1))
+        self._inputs.extend(inputs)
+        self._labels.extend(labels)
+        self._positions.extend(range(len(inputs)))
         return True
+
+    def _text_pair(self, text: str) -> tuple[list[int], list[int]]:
+        tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
+        return tokens[:-1], tokens[1:]
+
+    def _chat_pair(self, messages: list[dict]) -> tuple[list[int], list[int]] | None:
+        """A single-turn conversation's inputs and labels, the user's turn and
+        the template's markers masked out of the loss (as torchtitan's
+        ``ChatDataset`` does); None when it does not fit one sequence."""
+        roles = [m.get("role") for m in messages]
+        if roles != ["user", "assistant"]:
+            raise ValueError(f"dataset {self.dataset_name}, conversation {self.sample_idx - 1}: "
+                             f"roles {roles}; a conversation here is one user turn, then "
+                             "one assistant turn")
+        eos = self._tokenizer.eos_id
+        text = self._tokenizer.apply_chat_template(messages).rstrip("\n")
+        tokens = self._tokenizer.encode(text, add_bos=True, add_eos=False)
+        if tokens[-1] != eos:
+            tokens.append(eos)
+        if len(tokens) - 1 > self.seq_len:
+            return None
+        prompt = self._tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True)
+        prompt_len = len(self._tokenizer.encode(prompt, add_bos=True, add_eos=False))
+        labels = tokens[1:]
+        masked = min(max(prompt_len - 1, 0), len(labels))
+        labels[:masked] = [IGNORE_INDEX] * masked
+        return tokens[:-1], labels
 
     def next_sequence(self) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
         while len(self._inputs) < self.seq_len:

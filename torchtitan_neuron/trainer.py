@@ -35,12 +35,14 @@ from torch._subclasses.fake_tensor import is_fake
 import torchtitan.distributed.utils as dist_utils
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.validate import Validator
 from torchtitan.config import CompileConfig
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_neuron import devices, run_report
 from torchtitan_neuron.data import held_out_validation
+from torchtitan_neuron.validation import TrainerBatchValidator
 from torchtitan_neuron.checkpoint import NeuronCheckpointManager
 from torchtitan_neuron.hf import export_hand_off, unexpressed_import_skip
 from torchtitan_neuron.run_report import NeuronMetricsProcessor
@@ -210,6 +212,8 @@ class NeuronTrainerMixin:
                 f"Initial weights drawn per parameter from seed {seed}, "
                 "independent of the parallel layout"
             )
+        if isinstance(getattr(self, "validator", None), TrainerBatchValidator):
+            self.validator.prepare = self.post_dataloading_process
         _force_sum_reductions_on_gloo(self.model_parts)
         self._open_hf_doors()
         self._clip_then_check = self._guarded(self._gradient_clipping())
@@ -231,6 +235,8 @@ class NeuronTrainerMixin:
         validation = held_out_validation(config)
         if validation:
             logger.info(f"Validation every {config.validator.freq} steps reads {validation}")
+            if type(config.validator) is Validator.Config:
+                config.validator = promote(config.validator, TrainerBatchValidator.Config)
         if not self.step_hook.read_values:
             config.metrics = promote(config.metrics, QuietMetricsProcessor.Config)
         devices.install()
@@ -333,7 +339,10 @@ class NeuronTrainerMixin:
         return starts
 
     def _note_documents(self, starts: torch.Tensor, block: bool) -> None:
-        """One line on the first batch's packed documents."""
+        """One line on the first batch's packed documents (none in a traced
+        step, whose batch on the neuron branch holds no values)."""
+        if not self.step_hook.read_values:
+            return
         if block:
             docs = int(starts.sum())
             logger.info(
@@ -341,8 +350,6 @@ class NeuronTrainerMixin:
                 f"(mean {starts.numel() / docs:.0f} tokens); no attention "
                 "crosses a document boundary."
             )
-            return
-        if not self.step_hook.read_values:
             return
         share = cross_document_share(starts)
         if share > 0:

@@ -98,11 +98,54 @@ def check_dataset(config) -> None:
         _check_loader(config.validator.dataloader, "--validator.dataloader")
 
 
+def check_chat_lines(data: Path) -> None:
+    """Every line of a chat dataset's ``data.json`` is ``{"messages": [user,
+    assistant]}``, each turn a role and a content string; the first that is
+    not is named with its line number."""
+    import json
+
+    example = ('{"messages": [{"role": "user", "content": "..."}, '
+               '{"role": "assistant", "content": "..."}]}')
+    with open(data, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                record, why = None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+            else:
+                turns = record.get("messages") if isinstance(record, dict) else None
+                roles = [t.get("role") for t in turns if isinstance(t, dict)] if isinstance(
+                    turns, list) else None
+                good = roles == ["user", "assistant"] and all(
+                    isinstance(t.get("content"), str) for t in turns)
+                why = None if good else f"messages with roles {roles}"
+            if why:
+                raise PreflightError(
+                    f"{data}:{number}: {why}. Each line of a chat dataset is one user "
+                    f"turn then one assistant turn: {example}; fix or remove that line.")
+
+
 def _check_loader(dl, flag: str) -> None:
+    from torchtitan_neuron.data import CHAT_DATASETS
+
     name = getattr(dl, "dataset", None)
     if name is None:
         return
     path = getattr(dl, "dataset_path", None)
+    if name in CHAT_DATASETS:
+        folder = path or CHAT_DATASETS[name]
+        if folder is None:
+            raise PreflightError(f"{flag}.dataset {name} reads a chat folder of your own: "
+                                 f"pass {flag}.dataset_path <folder with data.json>.")
+        data = Path(folder) / "data.json"
+        if not data.is_file():
+            raise PreflightError(f"{flag}.dataset {name}: {data} does not exist. Run from the "
+                                 "repository root for the bundled chat_test, or pass "
+                                 f"{flag}.dataset_path <folder with data.json>.")
+        check_chat_lines(data)
+        return
     if not path and name in HUB_DATASETS:
         why = _hub_unreachable(HUB_DATASETS[name])
         if why:

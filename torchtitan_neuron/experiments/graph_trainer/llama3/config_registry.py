@@ -10,6 +10,7 @@ pipelined recipes pin a degree, their context or pipeline parallelism.
 
 from collections.abc import Callable
 
+from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.llama3.config_registry import llama3_70b, llama3_8b
@@ -115,4 +116,44 @@ def simple_fsdp_llama3_debugmodel_pp2() -> NeuronGraphTrainer.Config:
     LOG_RANK=2 shows it."""
     config = _neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel)
     config.parallelism.pipeline_parallel_degree = 2
+    return config
+
+
+def _sft(config: NeuronGraphTrainer.Config) -> NeuronGraphTrainer.Config:
+    """Supervised fine-tuning on chat data: the bundled chat set (one user turn,
+    one assistant turn; only the assistant's tokens in the loss), each
+    conversation its own document (block-causal attention, never split
+    between sequences), the validator on its held-out 1/20."""
+    config.dataloader.dataset = "chat_test"
+    config.dataloader.dataset_path = None
+    config.model.attn_mask_type = "block_causal"
+    config.validator.enable = True
+    config.validator.freq = 5
+    config.validator.steps = 1
+    return config
+
+
+def simple_fsdp_llama3_debugmodel_sft() -> NeuronGraphTrainer.Config:
+    """The CPU flavor of ``simple_fsdp_llama3_8b_sft``: the debug model (from
+    its seeded initialisation: no released weights exist for it) on the
+    bundled chat set, 20 steps, with the bundled tokenizer."""
+    config = _sft(_neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel))
+    config.hf_assets_path = "./tests/assets/tokenizer"
+    config.training.seq_len = 256
+    config.training.steps = 20
+    return config
+
+
+def simple_fsdp_llama3_8b_sft() -> NeuronGraphTrainer.Config:
+    """Full fine-tuning of Llama 3.1 8B from its Hugging Face weights
+    (``hf_assets_path``, read with ``--checkpoint.initial_load_in_hf``) on
+    chat data, full AC: the bundled chat set unless ``--dataloader.dataset
+    chat --dataloader.dataset_path <folder>`` names your own."""
+    config = _sft(_neuron_simple_fsdp_llama3_config(llama3_8b, full_ac=True))
+    config.checkpoint.enable = True
+    config.checkpoint.initial_load_in_hf = True
+    config.training.seq_len = 2048
+    config.training.steps = 500
+    config.optimizer = default_adamw(lr=2e-5)
+    config.lr_scheduler.warmup_steps = 20
     return config
