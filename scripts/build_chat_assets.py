@@ -1,4 +1,4 @@
-"""Build ``tests/assets/chat_test/``: the bundled chat set for the SFT recipes.
+"""Build ``torchtitan_neuron/assets/chat_test/``: the bundled chat set for the SFT recipes.
 
     .venv/bin/python scripts/build_chat_assets.py
 
@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "assets" / "chat_test"
+OUT = Path(__file__).resolve().parent.parent / "torchtitan_neuron" / "assets" / "chat_test"
 COUNT = 1200
 SEED = 20261207
 

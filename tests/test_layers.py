@@ -34,7 +34,7 @@ LAYERS = {
     # building blocks
     "checkpoint": 1, "components": 1, "cpu_twins": 1, "data": 1, "hf": 1,
     "memory_accounting": 1, "seeded_init": 1,
-    "run_report": 2,
+    "run_report": 2, "validation": 2,
     # the trainers and the checks before any rank
     "preflight": 3, "trainer": 3,
     # recipes: plain, then SimpleFSDP's jit path

@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest tests/test_validation.py -q
 """
 
 import json
+from pathlib import Path
 
 import pytest
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
@@ -15,6 +16,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader, _validate_dataset
 
 from torchtitan_neuron.data import (
+    CHAT_DATASETS,
     HOLDOUT_EVERY,
     LayoutInvariantTextDataLoader,
     PackedTextStream,
@@ -22,6 +24,7 @@ from torchtitan_neuron.data import (
     held_out_validation,
 )
 
+CHAT = Path(CHAT_DATASETS["chat_test"])
 LLAMA = ("torchtitan_neuron.experiments.graph_trainer.llama3", "simple_fsdp_llama3_debugmodel")
 
 
@@ -111,7 +114,7 @@ def test_chat_conversations_are_masked_to_the_answer_and_never_split(tmp_path):
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path="./tests/assets/tokenizer")
     stream = PackedTextStream("chat_test", None, tokenizer, 128, False)
-    path, _ = "tests/assets/chat_test/data.json", None
+    path, _ = str(CHAT / "data.json"), None
     conversations = [json.loads(line)["messages"] for line in open(path)]
     answers, rows = [], []
     for _ in range(6):
@@ -135,7 +138,7 @@ def test_chat_conversations_are_masked_to_the_answer_and_never_split(tmp_path):
     bad.mkdir()
     (bad / "data.json").write_text(json.dumps({"messages": [
         {"role": "assistant", "content": "hi"}, {"role": "user", "content": "hi"}]}) + "\n")
-    (bad / "chat_template.jinja").write_text(open("tests/assets/chat_test/chat_template.jinja").read())
+    (bad / "chat_template.jinja").write_text((CHAT / "chat_template.jinja").read_text())
     with pytest.raises(ValueError, match=r"roles \['assistant', 'user'\]; a conversation here "
                        r"is one user turn, then one assistant turn"):
         PackedTextStream("chat", str(bad), tokenizer, 128, False).next_sequence()
@@ -187,4 +190,4 @@ def test_the_bundled_chat_set_rebuilds_byte_for_byte(monkeypatch, tmp_path):
     monkeypatch.setattr(build_chat_assets, "OUT", tmp_path)
     build_chat_assets.main()
     for name in ("data.json", "chat_template.jinja"):
-        assert (tmp_path / name).read_bytes() == open(f"tests/assets/chat_test/{name}", "rb").read()
+        assert (tmp_path / name).read_bytes() == (CHAT / name).read_bytes()

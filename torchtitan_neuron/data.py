@@ -63,7 +63,8 @@ UPSTREAM_VALIDATION_DATASET = "c4_validation"
 # the assistant's tokens are in the loss. ``chat`` reads any such folder
 # (--dataloader.dataset_path); ``chat_test`` is the bundled set
 # (scripts/build_chat_assets.py).
-CHAT_DATASETS = {"chat": None, "chat_test": "tests/assets/chat_test"}
+CHAT_DATASETS = {"chat": None,
+                 "chat_test": str(Path(__file__).parent / "assets" / "chat_test")}
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 

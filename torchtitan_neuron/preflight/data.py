@@ -141,8 +141,7 @@ def _check_loader(dl, flag: str) -> None:
                                  f"pass {flag}.dataset_path <folder with data.json>.")
         data = Path(folder) / "data.json"
         if not data.is_file():
-            raise PreflightError(f"{flag}.dataset {name}: {data} does not exist. Run from the "
-                                 "repository root for the bundled chat_test, or pass "
+            raise PreflightError(f"{flag}.dataset {name}: {data} does not exist. Pass "
                                  f"{flag}.dataset_path <folder with data.json>.")
         check_chat_lines(data)
         return
