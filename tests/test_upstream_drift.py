@@ -258,6 +258,12 @@ PINNED: dict[str, dict[str, str]] = {
         # The prompt masking followed by PackedTextStream._chat_pair.
         "torchtitan.hf_datasets.text_datasets:ChatDataset._tokenize_sample": "4af7a42897ca1ef8",
     },
+    "lora-refreeze": {
+        # Re-registers each parameter as nn.Parameter(...): requires_grad True.
+        "torchtitan.experiments.graph_trainer.simple_fsdp:data_parallel": "d656ea9b077c34c0",
+        # Frozen config subclasses around every non-target module.
+        "torchtitan.components.lora:LoRAConverter.convert": "44e0e02fbf6092a1",
+    },
     "plan-pp-static-stages": {
         # Builds each stage without shapes; the module-level name is patched.
         "torchtitan.distributed.pipeline_parallel:_pipeline_module_split": "ad12cfa9e56712b5",

@@ -270,6 +270,9 @@ def describe(summary: dict) -> str:
     if summary["first_step_compile_s"] is not None:
         lines.append(f"  first step           {summary['first_step_compile_s']:.1f} s with "
                      f"tracing and compiling ({summary['compile_cache']})")
+    if summary.get("parameters") and summary["parameters_trained"] < summary["parameters"]:
+        lines.append(f"  parameters trained   {summary['parameters_trained']:,} of "
+                     f"{summary['parameters']:,} (the others frozen)")
     if summary.get("validation"):
         last = summary["validation"][-1]
         lines.append(f"  validation loss      {last['loss']:.5f} at step {last['step']} "

@@ -212,6 +212,11 @@ class NeuronTrainerMixin:
                 f"Initial weights drawn per parameter from seed {seed}, "
                 "independent of the parallel layout"
             )
+        self.trainable_parameters = trainable_parameters(self.model_parts)
+        if self.trainable_parameters[0] < self.trainable_parameters[1]:
+            trained, total = self.trainable_parameters
+            logger.info(f"Training {trained:,} of {total:,} parameters ({trained / total:.2%}); "
+                        "the others are frozen: no gradient, no optimizer state")
         if isinstance(getattr(self, "validator", None), TrainerBatchValidator):
             self.validator.prepare = self.post_dataloading_process
         _force_sum_reductions_on_gloo(self.model_parts)
@@ -434,6 +439,7 @@ class NeuronTrainerMixin:
         if record is not None and self.step_hook.read_values and run_report.is_rank0():
             summary = run_report.summarize(self.config, record,
                                            self._compile_progress, devices.current().name)
+            summary["parameters_trained"], summary["parameters"] = self.trainable_parameters
             run_report.write_summary(self.config, summary)
             logger.info(run_report.describe(summary))
 
@@ -458,6 +464,14 @@ class NeuronTrainerMixin:
             # After the first step the gradients and optimizer state exist.
             state = sharded_state_bytes(self.model_parts, self.optimizers)
             logger.info(f"Per-rank sharded state: {state.describe()}")
+
+
+def trainable_parameters(model_parts) -> tuple[int, int]:
+    """(parameters that train, all parameters), counted whole (a sharded
+    parameter by its global size), over every model part of this rank."""
+    params = [p for part in model_parts for p in part.parameters()]
+    return (sum(p.numel() for p in params if p.requires_grad),
+            sum(p.numel() for p in params))
 
 
 class NeuronTrainer(NeuronTrainerMixin, Trainer):

@@ -162,7 +162,13 @@ def apply_model_options(model_config, options: ModelOptions) -> None:
         attention = getattr(layer, "attention", None)
         if attention is None:
             continue
-        if block and type(attention.inner_attention) is ScaledDotProductAttention.Config:
+        inner = attention.inner_attention
+        # SDPA's config, or a subclass of it that adds no field (LoRA's
+        # converter wraps every non-target config in a frozen subclass).
+        if (block and isinstance(inner, ScaledDotProductAttention.Config)
+                and not isinstance(inner, BlockCausalAttention.Config)
+                and type(inner).__dataclass_fields__.keys()
+                == ScaledDotProductAttention.Config.__dataclass_fields__.keys()):
             # (FlexAttention and VarlenAttention mask documents already.)
             attention.inner_attention = BlockCausalAttention.Config()
         rope = getattr(attention, "rope", None)

@@ -67,6 +67,7 @@ def parallelize_simple_fsdp(
         # upstream's apply_cp_to_attention (CUDA ring kernels only).
         apply_gathered_cp(model, parallel_dims.get_mesh("cp"), training.seq_len,
                           parallelism.context_parallel_load_balancer)
+    frozen = frozen_parameters(model)
     # Annotate before AC wraps the blocks, so FX nodes carry clean module FQNs.
     annotate(model)
     if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
@@ -76,6 +77,7 @@ def parallelize_simple_fsdp(
                                    getattr(compile_config, "memory_policy", "default"))
     replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
+    refreeze(frozen)
     # graph_trainer's own reading of the flag (memory_policy.py): "default"
     # reshards unless pipeline parallelism is on.
     reshard = get_fsdp_reshard_after_forward_policy(
@@ -114,6 +116,21 @@ def parallelize_simple_fsdp(
         parallel_dims=parallel_dims,
         dump_folder=dump_folder,
     )
+
+
+def frozen_parameters(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, name) of every parameter that does not train (a LoRA base)."""
+    return [(module, name) for module in model.modules()
+            for name, p in module.named_parameters(recurse=False) if not p.requires_grad]
+
+
+def refreeze(frozen: list[tuple[nn.Module, str]]) -> None:
+    """Freeze again what ``frozen_parameters`` found: TP's and SimpleFSDP's
+    ``nn.Parameter(distribute_tensor(...))`` re-register each parameter with
+    ``requires_grad=True`` (upstream's ``data_parallel``, torchtitan 0.3.0),
+    which gave a LoRA base gradients and optimizer state."""
+    for module, name in frozen:
+        module._parameters[name].requires_grad_(False)
 
 
 def shard_experts_over_efsdp(model: nn.Module, *, parallel_dims, training) -> int:

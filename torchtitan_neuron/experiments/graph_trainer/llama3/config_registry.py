@@ -10,6 +10,7 @@ pipelined recipes pin a degree, their context or pipeline parallelism.
 
 from collections.abc import Callable
 
+from torchtitan.components.lora import LoRAConverter
 from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -155,5 +156,42 @@ def simple_fsdp_llama3_8b_sft() -> NeuronGraphTrainer.Config:
     config.training.seq_len = 2048
     config.training.steps = 500
     config.optimizer = default_adamw(lr=2e-5)
+    config.lr_scheduler.warmup_steps = 20
+    return config
+
+
+# LoRA on the attention (fused wqkv, wo) and MLP projections (torchtitan's LoRAConverter):
+# every other weight frozen; rank 8, alpha 16.
+LORA_TARGETS = ["wqkv", "wo", "w1", "w2", "w3"]
+
+
+def _lora() -> list[ModelConfigConverter.Config]:
+    return [LoRAConverter.Config(rank=8, alpha=16.0, target_modules=list(LORA_TARGETS))]
+
+
+def simple_fsdp_llama3_debugmodel_lora() -> NeuronGraphTrainer.Config:
+    """The CPU flavor of ``simple_fsdp_llama3_8b_lora``: the debug model's
+    SFT recipe with LoRA adapters, the base frozen."""
+    config = _sft(_neuron_simple_fsdp_llama3_config(cpu_rehearsal_llama3_debugmodel,
+                                                    converters=_lora()))
+    config.hf_assets_path = "./tests/assets/tokenizer"
+    config.training.seq_len = 256
+    config.training.steps = 20
+    config.optimizer = default_adamw(lr=4e-3)
+    return config
+
+
+def simple_fsdp_llama3_8b_lora() -> NeuronGraphTrainer.Config:
+    """LoRA fine-tuning of Llama 3.1 8B from its Hugging Face weights on chat
+    data: adapters of rank 8 on the attention and MLP projections, the base
+    frozen (gathered for compute, never reduce-scattered, no optimizer
+    state); full AC."""
+    config = _sft(_neuron_simple_fsdp_llama3_config(llama3_8b, full_ac=True,
+                                                    converters=_lora()))
+    config.checkpoint.enable = True
+    config.checkpoint.initial_load_in_hf = True
+    config.training.seq_len = 2048
+    config.training.steps = 500
+    config.optimizer = default_adamw(lr=2e-4)
     config.lr_scheduler.warmup_steps = 20
     return config
