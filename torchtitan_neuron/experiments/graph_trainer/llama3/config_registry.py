@@ -150,12 +150,18 @@ def simple_fsdp_llama3_8b_sft() -> NeuronGraphTrainer.Config:
     (``hf_assets_path``, read with ``--checkpoint.initial_load_in_hf``) on
     chat data, full AC: the bundled chat set unless ``--dataloader.dataset
     chat --dataloader.dataset_path <folder>`` names your own."""
-    config = _sft(_neuron_simple_fsdp_llama3_config(llama3_8b, full_ac=True))
+    return _from_hf_weights(_sft(_neuron_simple_fsdp_llama3_config(llama3_8b, full_ac=True)),
+                            lr=2e-5)
+
+
+def _from_hf_weights(config: NeuronGraphTrainer.Config, lr: float) -> NeuronGraphTrainer.Config:
+    """An 8B fine-tuning run: the Hugging Face weights of ``hf_assets_path``
+    loaded at step 0, seq 2048, 500 steps at ``lr`` after 20 of warmup."""
     config.checkpoint.enable = True
     config.checkpoint.initial_load_in_hf = True
     config.training.seq_len = 2048
     config.training.steps = 500
-    config.optimizer = default_adamw(lr=2e-5)
+    config.optimizer = default_adamw(lr=lr)
     config.lr_scheduler.warmup_steps = 20
     return config
 
@@ -186,12 +192,5 @@ def simple_fsdp_llama3_8b_lora() -> NeuronGraphTrainer.Config:
     data: adapters of rank 8 on the attention and MLP projections, the base
     frozen (gathered for compute, never reduce-scattered, no optimizer
     state); full AC."""
-    config = _sft(_neuron_simple_fsdp_llama3_config(llama3_8b, full_ac=True,
-                                                    converters=_lora()))
-    config.checkpoint.enable = True
-    config.checkpoint.initial_load_in_hf = True
-    config.training.seq_len = 2048
-    config.training.steps = 500
-    config.optimizer = default_adamw(lr=2e-4)
-    config.lr_scheduler.warmup_steps = 20
-    return config
+    return _from_hf_weights(_sft(_neuron_simple_fsdp_llama3_config(
+        llama3_8b, full_ac=True, converters=_lora())), lr=2e-4)
