@@ -32,9 +32,9 @@ LAYERS = {
     # what everything builds on
     "config_utils": 0, "devices": 0,
     # building blocks
-    "checkpoint": 1, "components": 1, "cpu_twins": 1, "data": 1, "hf": 1,
+    "checkpoint": 1, "components": 1, "cpu_twins": 1, "data": 1,
     "memory_accounting": 1, "seeded_init": 1,
-    "run_report": 2, "validation": 2,
+    "hf": 2, "run_report": 2, "validation": 2,
     # the trainers and the checks before any rank
     "preflight": 3, "trainer": 3,
     # recipes: plain, then SimpleFSDP's jit path

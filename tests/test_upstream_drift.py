@@ -264,6 +264,15 @@ PINNED: dict[str, dict[str, str]] = {
         # Frozen config subclasses around every non-target module.
         "torchtitan.components.lora:LoRAConverter.convert": "44e0e02fbf6092a1",
     },
+    "lora-peft-adapter": {
+        # The fused q/k/v rows: the export splits lora_B, the import joins it.
+        "torchtitan.models.common.attention:FusedQKVLinear._split_qkv_on_save":
+            "97a39b1c0736260b",
+        "torchtitan.models.common.attention:FusedQKVLinear._merge_qkv_on_load":
+            "9bd4f125fc556b31",
+        # The adapters' names (lora_a, lora_b) and the scaling alpha / rank.
+        "torchtitan.components.lora:_get_lora_cls": "dc4c1d4fcb5c7849",
+    },
     "plan-pp-static-stages": {
         # Builds each stage without shapes; the module-level name is patched.
         "torchtitan.distributed.pipeline_parallel:_pipeline_module_split": "ad12cfa9e56712b5",

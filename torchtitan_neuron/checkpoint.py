@@ -26,6 +26,13 @@ It has two doors for the Hugging Face hand-off, which the trainer opens
 - ``hf_import_skip(state_dict, folder)``: the Hugging Face names an import
   may find absent from ``folder`` (tensors transformers has no place for,
   which the model then keeps at their initial values).
+
+and two for LoRA runs (``torchtitan_neuron.hf.lora``):
+
+- ``hf_merge(state_dict)``: the state a Hugging Face export writes, each
+  LoRA adapter folded into its base weight (every rank);
+- ``adapter_load()``: after an initial Hugging Face load, the peft adapter
+  of ``--checkpoint.initial_load_adapter`` copied into the LoRA adapters.
 """
 
 from __future__ import annotations
@@ -96,13 +103,22 @@ class NeuronCheckpointManager(CheckpointManager):
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
-        pass
+        initial_load_adapter: str | None = None
+        """A peft LoRA adapter folder (adapter_config.json,
+        adapter_model.safetensors) whose tensors start the LoRA adapters of a
+        LoRA recipe, after the base weights' Hugging Face load
+        (--checkpoint.initial_load_in_hf): continued fine-tuning. Ignored,
+        like every initial load, when the checkpoint folder holds a step to
+        resume."""
 
     hf_hand_off: Callable[[str], None] | None = None
     hf_import_skip: Callable[[dict, str], set[str]] | None = None
+    hf_merge: Callable[[dict], dict] | None = None
+    adapter_load: Callable[[], None] | None = None
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
+        self.initial_load_adapter = config.initial_load_adapter
         # Remote folders (s3://...) keep torchtitan's in-place writes.
         self.atomic = self.enable and "://" not in str(self.folder)
         if self.atomic:
@@ -111,6 +127,8 @@ class NeuronCheckpointManager(CheckpointManager):
     @torch.no_grad()
     def dcp_save(self, state_dict, checkpoint_id, async_mode, *args, **kwargs):
         save = super().dcp_save
+        if kwargs.get("to_hf") and self.hf_merge is not None:
+            state_dict = self.hf_merge(state_dict)
         if not getattr(self, "atomic", False) or not _is_step_folder(checkpoint_id):
             return save(state_dict, checkpoint_id, async_mode, *args, **kwargs)
         final, partial = checkpoint_id, partial_name(checkpoint_id)
@@ -133,6 +151,11 @@ class NeuronCheckpointManager(CheckpointManager):
         return result
 
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
+        self._dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        if from_hf and self.adapter_load is not None:
+            self.adapter_load()
+
+    def _dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
         skip = set()
         if from_hf and self.sd_adapter is not None and self.hf_import_skip is not None:
             skip = self.hf_import_skip(state_dict, checkpoint_id)

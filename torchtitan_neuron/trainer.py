@@ -45,6 +45,7 @@ from torchtitan_neuron.data import held_out_validation
 from torchtitan_neuron.validation import TrainerBatchValidator
 from torchtitan_neuron.checkpoint import NeuronCheckpointManager
 from torchtitan_neuron.hf import export_hand_off, unexpressed_import_skip
+from torchtitan_neuron.hf.lora import adapter_loader
 from torchtitan_neuron.run_report import NeuronMetricsProcessor
 from torchtitan_neuron.config_utils import promote
 from torchtitan_neuron.seeded_init import layout_invariant_init
@@ -277,6 +278,7 @@ class NeuronTrainerMixin:
         checkpointer.hf_import_skip = unexpressed_import_skip(
             self.config.model_spec, checkpointer.sd_adapter)
         checkpointer.hf_hand_off = export_hand_off(self)
+        checkpointer.adapter_load = adapter_loader(self)
 
     def post_dataloading_process(self, input_dict, labels):
         if self.parallel_dims.cp_enabled:

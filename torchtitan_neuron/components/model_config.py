@@ -6,7 +6,10 @@ from dataclasses import replace
 from torchtitan.experiments.graph_trainer.common_utils import (
     build_decoder_config_for_backend,
 )
+from torchtitan.components.lora import LoRAConverter
+from torchtitan.models.common.linear import Linear
 from torchtitan.models.utils import validate_converter_order
+from torchtitan.protocols.module import Module
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
@@ -22,8 +25,28 @@ def neuron_decoder_config(config, converters: list[ModelConfigConverter.Config] 
     if converters:
         validate_converter_order(converters)
         for converter in converters:
+            check_lora(converter, config)
             config = converter.build().convert(config)
     return config
+
+
+def check_lora(converter: ModelConfigConverter.Config, model_config) -> None:
+    """A LoRA converter's rank is at least 1 and each of its target modules
+    names a linear of the model: upstream's ``LoRAConverter`` only warns
+    about a target that matches nothing, and the run then trains fewer
+    adapters than asked."""
+    if not isinstance(converter, LoRAConverter.Config):
+        return
+    if converter.rank < 1:
+        raise ValueError(f"LoRAConverter.Config(rank={converter.rank}): the LoRA rank must "
+                         "be at least 1 (the recipes use 8).")
+    linears = {fqn.rsplit(".", 1)[-1]
+               for fqn, cfg, _, _ in model_config.traverse(Module.Config, recurse=True)
+               if isinstance(cfg, Linear.Config)}
+    missing = sorted(set(converter.target_modules or ()) - linears)
+    if missing:
+        raise ValueError(f"LoRAConverter.Config(target_modules=...): the model has no linear "
+                         f"named {', '.join(missing)}; its linears are {', '.join(sorted(linears))}.")
 
 
 def neuron_spec(

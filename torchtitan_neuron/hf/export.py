@@ -30,6 +30,7 @@ from torchtitan_neuron.hf.config import (
     transformers_config,
 )
 from torchtitan_neuron.hf.load import folder_shapes
+from torchtitan_neuron.hf.lora import LoRAMap, is_lora_key
 
 def write_hand_off(folder: str | os.PathLike, hf_config: dict, hf_assets_path: str | None,
                    notes: list[str]) -> list[str]:
@@ -104,6 +105,12 @@ def export_hand_off(trainer):
     # What the checkpointer saves: the model wrapper's flattened state dict.
     model_state = checkpointer.states["model"]
     state = dict(model_state.state_dict())
+    # A LoRA run exports its adapters merged into the base weights, and the
+    # adapters alone in peft's format (hf/lora.py).
+    lora = LoRAMap.for_model(spec, spec.model, adapter)
+    if lora is not None:
+        checkpointer.hf_merge = lora.merged
+        state = {k: v for k, v in state.items() if not is_lora_key(k)}
     dropped, _, expected = coverage(spec, adapter, state)
     if dropped:
         raise HFExportError(
@@ -120,8 +127,10 @@ def export_hand_off(trainer):
                        "The weights are still written.")
     # Rank 0 alone writes the hand-off: it reads its own buffers, not the
     # state dict (a collective under FSDP).
+    base = checkpointer.initial_load_path or config.hf_assets_path
     return lambda folder: _hand_off(
-        folder, spec, hf_config, gap, config.hf_assets_path, trainer.model_parts, expected)
+        folder, spec, hf_config, gap, config.hf_assets_path, trainer.model_parts, expected,
+        lora, base and os.path.abspath(base), checkpointer.export_dtype)
 
 
 def written_tensors(folder) -> set[str]:
@@ -132,7 +141,8 @@ def written_tensors(folder) -> set[str]:
     return set(folder_shapes(folder))
 
 
-def _hand_off(folder, spec, hf_config, gap, hf_assets_path, model_parts, expected) -> None:
+def _hand_off(folder, spec, hf_config, gap, hf_assets_path, model_parts, expected,
+              lora=None, base=None, dtype=torch.float32) -> None:
     from torchtitan.tools.logging import logger
 
     missing = sorted(expected - written_tensors(folder))
@@ -152,9 +162,21 @@ def _hand_off(folder, spec, hf_config, gap, hf_assets_path, model_parts, expecte
     for note in notes:
         logger.warning(f"Hugging Face export: {note}")
     logger.info(f"Hugging Face export: wrote {', '.join(written)} beside the safetensors")
+    if lora is not None:
+        out = lora.write_adapter(folder, base, dtype)
+        step = re.sub(r"^\.partial-", "step-", os.path.basename(str(folder).rstrip("/")))
+        logger.info(f"Hugging Face export: the LoRA adapters merged into the weights, and "
+                    f"alone in peft's format in {step}/{out.name} "
+                    f"(rank {lora.rank}, alpha {lora.alpha:g}, "
+                    f"{', '.join(lora.target_modules())})")
 
 
-EXPORT_DOC = """
+EXPORT_DOC = """A DCP checkpoint (``.../checkpoint/step-N``, any layout) as a Hugging
+Face folder: safetensors in ``--dtype`` (default ``--checkpoint.export_dtype``),
+``config.json`` and the tokenizer files.
+
+    python -m torchtitan_neuron.hf export --module M --config C
+        --checkpoint STEP --out FOLDER [--dtype float32] [trainer flags]
 """
 
 

@@ -15,7 +15,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-LOSS_DOC = """
+LOSS_DOC = """The recipe's loss of a checkpoint (DCP ``step-N`` or an HF export) on the
+first ``--batches`` batches of ``--batch-size`` sequences of its dataset, in
+one process on the CPU.
+
+    python -m torchtitan_neuron.hf loss --module M --config C
+        --checkpoint STEP [--batches 1] [--batch-size 2] [trainer flags]
 """
 
 
@@ -92,7 +97,11 @@ def build_model(module: str, recipe: str, trainer_args: list[str]):
 def batches(config, batch_size: int, count: int):
     """The first ``count`` batches of ``batch_size`` sequences, as one rank
     of a 1-rank run reads them: a run's first global batch when
-    ``batch_size`` is its global batch size."""
+    ``batch_size`` is its global batch size (with the validator on, the
+    training split, as the trainer reads it)."""
+    from torchtitan_neuron.data import held_out_validation
+
+    held_out_validation(config)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     loader = config.dataloader.build(
         dp_world_size=1, dp_rank=0, tokenizer=tokenizer,

@@ -16,6 +16,12 @@ def check_hf_import(config) -> None:
     mismatch is a traceback on every rank, and a missing tensor is silently
     left at its random initial value)."""
     ckpt = config.checkpoint
+    adapter = getattr(ckpt, "initial_load_adapter", None)
+    if adapter and not (ckpt.enable and ckpt.initial_load_in_hf):
+        raise PreflightError(
+            f"--checkpoint.initial_load_adapter {adapter}: the adapter starts on base weights "
+            "read from a Hugging Face folder; pass --checkpoint.enable and "
+            "--checkpoint.initial_load_in_hf with it.")
     if not (ckpt.enable and ckpt.initial_load_in_hf):
         return
     folder = Path(config.dump_folder) / ckpt.folder
@@ -48,3 +54,21 @@ def check_hf_import(config) -> None:
     refusal = hf.import_refusal(spec, spec.model, source, hf.family_flavors(spec))
     if refusal:
         raise PreflightError(f"{flag} {refusal}")
+    if adapter:
+        check_adapter(spec, adapter)
+
+
+def check_adapter(spec, folder) -> None:
+    """A peft adapter folder (``--checkpoint.initial_load_adapter``) fits the
+    recipe's LoRA: rank, alpha, target modules and every tensor's shape
+    (the base model's dimensions), and a fused q/k/v takes its lora_A."""
+    from torchtitan_neuron.hf.lora import LoRAMap
+
+    lora = LoRAMap.for_model(spec, spec.model, spec.state_dict_adapter(spec.model, None))
+    if lora is None:
+        raise PreflightError(
+            f"--checkpoint.initial_load_adapter {folder}: the recipe's model has no LoRA "
+            "adapters to load it into; use a LoRA recipe (docs/fine_tuning.md).")
+    refusal = lora.refusal(folder)
+    if refusal:
+        raise PreflightError(f"--checkpoint.initial_load_adapter {refusal}")
