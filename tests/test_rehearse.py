@@ -92,6 +92,25 @@ def test_debug_llama_is_ready_and_runs_the_neuron_branch():
 
 
 @pytest.mark.e2e
+def test_lora_recipe_reduces_only_adapters_and_its_validation_is_traced():
+    code, report, err = _rehearse(LLAMA_MODULE, "simple_fsdp_llama3_debugmodel_lora", 2)
+    assert report is not None, err[-3000:]
+    assert code == 0 and report["ready"], report["reasons"]
+    graphs = {g["name"]: g["collectives"] for g in report["graphs"]}
+    # Each block's adapters are a bucket of their own: 6 reduce-scatters, and
+    # none for the frozen base, embeddings, norm or lm_head.
+    assert [c.get("reduce_scatter_tensor", 0) for name, c in graphs.items()
+            if name.endswith(".backward") and c] == [6]
+    # The validator's batch after step 2: the model's graph again with grad
+    # mode off (it gathers as the training forward does) and the loss's.
+    assert report["notes"]["validation"] == ("one batch traced after step 2 (eval mode, no "
+                                             "grad): 2 more graphs compiled")
+    inference = [c for name, c in graphs.items() if name.endswith(".inference")]
+    assert {"all_gather_into_tensor": 15} in inference
+    assert report["recompiles"] == [] and report["graph_breaks"] == []
+
+
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_context_parallel_recipe_is_ready_and_gathers_keys_over_cp():
     code, report, err = _rehearse(LLAMA_MODULE, "simple_fsdp_llama3_debugmodel_cp2", 4)

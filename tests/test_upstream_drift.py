@@ -149,6 +149,10 @@ PINNED: dict[str, dict[str, str]] = {
         # Reads each lm_head parameter's sharded .grad.
         "torchtitan.experiments.graph_trainer.chunked_loss:ChunkedLossWrapperWithParamGrads._gradient_backprop":
             "103799e0609844e2",
+        # Called here with the lm_head parameters that train: its forward reads
+        # the .grad of each parameter it is given.
+        "torchtitan.experiments.graph_trainer.chunked_loss:_ChunkedLossWrapperWithParamGrads.forward":
+            "2fdd5cc626c02ddb",
         # Turns the recipes' ChunkedLossWrapper into ChunkedLossWrapperWithParamGrads.
         "torchtitan.experiments.graph_trainer.configs:to_graph_trainer_config": "43deed158820596a",
     },

@@ -104,13 +104,52 @@ def _run_steps(trainer, backend, fake_mode, report: Report) -> None:
         except Exception as exc:  # noqa: BLE001  (reported, not raised)
             _record_failure(report, step, exc)
             break
+    if not report.failures and not report.graph_breaks:
+        _run_validation(trainer, backend, fake_mode, report)
     report.eager = {"ops": dict(eager.ops.most_common()), "dtypes": dict(eager.dtypes),
                     "devices": dict(eager.devices), "collectives": eager.collectives,
                     "heavy": {name: {"count": eager.ops[name], "first_at": at}
                               for name, at in eager.where.items()}}
 
 
-def _record_failure(report: Report, step: int, exc: Exception) -> None:
+def _run_validation(trainer, backend, fake_mode, report: Report) -> None:
+    """With the validator on, one validation batch after step 2, as
+    torchtitan's ``Validator.validate`` runs it (eval mode, no grad): its
+    graphs (the model's and the loss's, compiled again with grad mode off)
+    are checked like the step's. The validator then reads the loss's value,
+    which a fake tensor does not have: that read ends the trace, and only
+    there."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    from torchtitan_neuron.tracing.neuron_device import HostToFakeDevice
+
+    validator = getattr(trainer, "validator", None)
+    if validator is None or not trainer.config.validator.enable:
+        return
+    validator.config.steps = 1
+    graphs = len(backend.graphs)
+    backend.step = "validation"
+    try:
+        with HostToFakeDevice(fake_mode):
+            validator.validate(trainer.model_parts, step=2)
+    except DataDependentOutputException as exc:
+        # Raised where validate() itself reads a value, not inside the model.
+        own = [f for f in traceback.extract_tb(exc.__traceback__)
+               if f.filename.endswith("components/validate.py")]
+        if not own or ".item()" not in (own[-1].line or ""):
+            _record_failure(report, "validation", exc)
+            return
+    except Exception as exc:  # noqa: BLE001  (reported, not raised)
+        _record_failure(report, "validation", exc)
+        return
+    finally:
+        for part in trainer.model_parts:
+            part.train()
+    report.notes["validation"] = (f"one batch traced after step 2 (eval mode, no grad): "
+                                  f"{len(backend.graphs) - graphs} more graphs compiled")
+
+
+def _record_failure(report: Report, step: int | str, exc: Exception) -> None:
     from torch._dynamo.exc import Unsupported, UserError
 
     # Under fullgraph=True Dynamo raises where it would otherwise break the
@@ -128,7 +167,8 @@ def _record_failure(report: Report, step: int, exc: Exception) -> None:
     frames = traceback.extract_tb(exc.__traceback__)
     last = frames[-1] if frames else None
     where = f" at {last.filename}:{last.lineno}" if last else ""
-    stage = f"step {step}" if step else "building the trainer"
+    stage = (step if isinstance(step, str) else f"step {step}" if step
+             else "building the trainer")
     report.failures.append(f"{stage} raised {type(exc).__name__}{where}: "
                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
 

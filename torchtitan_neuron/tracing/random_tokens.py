@@ -51,6 +51,9 @@ class RandomTokens(BaseDataLoader):
         dataset: str = "random_tokens"
         vocab_size: int = 0
         seed: int = 0
+        infinite: bool = True
+        """Always endless; the field is there because torchtitan's validator
+        sets it on its loader's config."""
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int,
                  tokenizer: BaseTokenizer | None, seq_len: int, local_batch_size: int,
@@ -94,4 +97,8 @@ def use_random_tokens(config) -> None:
     vocab = config.model_spec.model.vocab_size
     config.tokenizer = VocabularySize.Config(vocab_size=vocab)
     config.dataloader = RandomTokens.Config(vocab_size=vocab)
+    validator = getattr(config, "validator", None)
+    if validator is not None and validator.enable:
+        # The validator's batches too (its own seed), so no dataset is read.
+        validator.dataloader = RandomTokens.Config(vocab_size=vocab, seed=1)
     config.hf_assets_path = ""

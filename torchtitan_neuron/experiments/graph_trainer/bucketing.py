@@ -10,7 +10,8 @@ all of its FSDP-sharded parameters:
 - the full parameters are views into the result (re-wrapped as TP DTensors
   under TP x FSDP, as upstream's getter does);
 - the backward of that gather is one reduce-scatter of the flat gradient in
-  ``reduce_dtype``.
+  ``reduce_dtype``; parameters that do not train (a LoRA base) are
+  bucketed apart from those that do, so they are never reduce-scattered.
 
 A bucket holds at most ``bucket_mib`` MiB in the wider of the two dtypes
 (the flat gather or the flat gradient); a block that needs more gets several,
@@ -209,6 +210,17 @@ def _split(entries: list[_Entry], limit: int) -> list[list[_Entry]]:
     return buckets
 
 
+def _by_training(entries: list[_Entry]) -> list[list[_Entry]]:
+    """``entries`` that train, then those that do not (a LoRA base): apart,
+    so a frozen weight is gathered for compute but its bucket has no
+    gradient to reduce-scatter. Together, the flat gradient of the whole
+    bucket (zeros where the base is) was reduce-scattered, and the
+    adapters' gradients were views of it."""
+    trains = [e for e in entries if e.module._parameters[e.name].requires_grad]
+    frozen = [e for e in entries if not e.module._parameters[e.name].requires_grad]
+    return [part for part in (trains, frozen) if part]
+
+
 def require_positive_bound(bucket_mib: float) -> None:
     """A bucket bound must be a positive size (checked when the config is
     parsed, before any rank starts)."""
@@ -241,8 +253,9 @@ def bucket_blocks(model: nn.Module, param_dtype, reduce_dtype,
     blocks = params = count = 0
     for block in model.layers.values():
         groups = [] if bucket_mib is None else [
-            (g, chunk) for g, es in fsdp_groups(block).items() if len(es) >= 2
-            for chunk in _split(es, limit)]
+            (g, chunk) for g, es in fsdp_groups(block).items()
+            for part in _by_training(es) if len(part) >= 2
+            for chunk in _split(part, limit)]
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         singles = [] if reshard_after_forward or inner is block else _singles(inner, groups)
         if not groups and not singles:

@@ -30,7 +30,10 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 from torchtitan.experiments.graph_trainer import simple_fsdp
-from torchtitan.experiments.graph_trainer.chunked_loss import ChunkedLossWrapperWithParamGrads
+from torchtitan.experiments.graph_trainer.chunked_loss import (
+    ChunkedLossWrapperWithParamGrads,
+    _ChunkedLossWrapperWithParamGrads,
+)
 
 from torchtitan_neuron.experiments.graph_trainer.bucketing import GATHERED_ATTR, fsdp_groups, gather_shards, override_getters
 
@@ -67,11 +70,14 @@ class _Once:
             with torch.no_grad():
                 (full,) = gather_shards(group_name, self.param_dtype, None,
                                   ((e.rows, e.pad_rows, e.shape),), shard)
-            leaf = full.detach().requires_grad_()
+            # A frozen lm_head (a LoRA base) gets no gradient to reduce.
+            trains = e.module._parameters[e.name].requires_grad
+            leaf = full.detach().requires_grad_(trains)
             self.leaves.append(leaf)
             self.sums.append(None)
-            self.hooks.append(
-                leaf.register_post_accumulate_grad_hook(lambda t, i=i: self._add(i, t)))
+            if trains:
+                self.hooks.append(leaf.register_post_accumulate_grad_hook(
+                    lambda t, i=i: self._add(i, t)))
             view = leaf if e.tp is None else DTensor.from_local(leaf, e.tp[0], e.tp[1])
             e.module.__dict__.setdefault(GATHERED_ATTR, {})[e.name] = view
         return self
@@ -144,5 +150,8 @@ class SimpleFSDPChunkedLoss(ChunkedLossWrapperWithParamGrads):
         # gradients from each parameter's .grad.
         if self._once is not None:
             self._once.reduce()
-        return ChunkedLossWrapperWithParamGrads._gradient_backprop(
-            hidden_states, accumulated_grad, total_loss, lm_head, fsdp_enabled)
+        # Upstream's, for the parameters that train: it reads every lm_head
+        # parameter's .grad, which a frozen one (a LoRA base) does not get.
+        return _ChunkedLossWrapperWithParamGrads.apply(
+            hidden_states, accumulated_grad, total_loss, lm_head, fsdp_enabled,
+            *[p for p in lm_head.parameters() if p.requires_grad])
