@@ -280,6 +280,10 @@ PINNED: dict[str, dict[str, str]] = {
     "plan-pp-static-stages": {
         # Builds each stage without shapes; the module-level name is patched.
         "torchtitan.distributed.pipeline_parallel:_pipeline_module_split": "ad12cfa9e56712b5",
+        # Where the last stage sits (tracing/world.py last_stage_rank): on the
+        # last pipeline rank, or rank 0 for the V schedules.
+        "torchtitan.distributed.pipeline_parallel:_get_pp_rank_to_stage_indices_mapping":
+            "c2c848701484dc33",
         # Static shapes given at construction, and when a stage still needs
         # the dynamic agreement.
         "torch.distributed.pipelining.stage:PipelineStage.__init__": "59c5343707f9572b",

@@ -1,13 +1,16 @@
 """Validation offline on held-out data: the validator reads the documents
 training leaves out, the preflight refuses a validation dataset it cannot
 read, the evaluation graph compiles once, and the run summary reports the
-last validation loss.
+last validation loss. The SFT recipe on 1 rank, FSDP2, TP2 x FSDP2, CP2 and
+PP2, and the LoRA recipe on the first three, print the same training and
+validation losses (fp32).
 
-Tier: fast, but the launch (slow).
+Tier: fast, but the eight launches (slow, about 5 minutes).
 Run: .venv/bin/python -m pytest tests/test_validation.py -q
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -157,31 +160,17 @@ def test_the_preflight_reads_a_chat_folder_line_by_line(tmp_path):
                        r"line of a chat dataset is one user turn then one assistant turn"):
         checks.check_dataset(_parse("--dataloader.dataset", "chat",
                                     f"--dataloader.dataset_path={tmp_path}"))
-
-
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_sft_recipe_trains_on_answers_validates_held_out_and_compiles_once(run, dump_folder):
-    # The CPU SFT recipe as a user runs it (NGPU, CONFIG, nothing else but a
-    # shorter run): chat data, block-causal, the validator on its held-out
-    # conversations with the trainer's own masks.
-    out = run(["--training.steps", "6", "--validator.freq", "3"],
-              config="simple_fsdp_llama3_debugmodel_sft", ngpu=2, dump_folder=dump_folder,
-              env={"TORCH_LOGS": "recompiles"})
-    assert out.returncode == 0, out.tail()
-    assert "reads the held-out 1/20 of chat_test's documents" in out.output
-    validations = [line for line in out.output.splitlines() if "validate step:" in line]
-    assert len(validations) == 3, validations  # steps 1, 3 and 6
-    # The evaluation graphs compile at the first validation (grad mode off),
-    # once each for the model and the loss; later validations reuse them.
-    recompiles = [line for line in out.output.splitlines() if "Recompiling function" in line]
-    assert len(recompiles) == 2, recompiles
-    summary = json.loads((dump_folder / "run_summary.json").read_text())
-    assert [v["step"] for v in summary["validation"]] == [1, 3, 6]
-    losses = [row["loss"] for row in summary["steps"]]
-    assert losses[-1] < losses[0] - 1.0  # the answers' format is learnt fast
-    assert summary["validation"][-1]["loss"] < summary["validation"][0]["loss"]
-    assert f"validation loss      {summary['validation_loss_last']:.5f} at step 6" in out.output
+    # Sound lines, but neither the tokenizer nor the folder has a chat template.
+    (tmp_path / "data.json").write_text((CHAT / "data.json").read_text().splitlines()[0] + "\n")
+    with pytest.raises(PreflightError, match=r"--dataloader.dataset chat: the tokenizer in "
+                       r"\S+ has no chat template .*/chat_template.jinja does not exist: put a "
+                       r"Jinja chat template in either"):
+        checks.check_dataset(_parse("--dataloader.dataset", "chat", "--hf_assets_path",
+                                    "./tests/assets/tokenizer",
+                                    f"--dataloader.dataset_path={tmp_path}"))
+    (tmp_path / "chat_template.jinja").write_text((CHAT / "chat_template.jinja").read_text())
+    checks.check_dataset(_parse("--dataloader.dataset", "chat", "--hf_assets_path",
+                                "./tests/assets/tokenizer", f"--dataloader.dataset_path={tmp_path}"))
 
 
 def test_the_bundled_chat_set_rebuilds_byte_for_byte(monkeypatch, tmp_path):
@@ -191,3 +180,70 @@ def test_the_bundled_chat_set_rebuilds_byte_for_byte(monkeypatch, tmp_path):
     build_chat_assets.main()
     for name in ("data.json", "chat_template.jinja"):
         assert (tmp_path / name).read_bytes() == (CHAT / name).read_bytes()
+
+
+SFT_LAYOUTS = {
+    # name: (NGPU, flags, LOG_RANK): 8 sequences a step on every layout, and
+    # 8 a validation (the validator reads the local batch on each DP rank).
+    "1 rank": (1, ["--training.local_batch_size", "8"], None),
+    "FSDP2": (2, [], None),
+    "TP2 x FSDP2": (4, ["--parallelism.tensor_parallel_degree", "2"], None),
+    "CP2": (2, ["--parallelism.context_parallel_degree", "2",
+                "--training.local_batch_size", "8"], None),
+    "PP2": (2, ["--parallelism.pipeline_parallel_degree", "2",
+                "--training.local_batch_size", "8"], "1"),
+}
+FP32_RUN = ["--compile.backend", "aot_eager", "--training.mixed_precision_param", "float32",
+            "--debug.seed", "0", "--training.steps", "4", "--validator.freq", "2"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sft_and_lora_losses_agree_across_layouts(run, tmp_path):
+    """The SFT recipe on 1 rank, FSDP2, TP2 x FSDP2, CP2 and PP2, and the
+    LoRA recipe on the first three (fp32, the same 8 conversations a step):
+    training and held-out validation losses within 1e-5 relative of 1 rank's."""
+    recipes = {"simple_fsdp_llama3_debugmodel_sft": list(SFT_LAYOUTS),
+               "simple_fsdp_llama3_debugmodel_lora": ["1 rank", "FSDP2", "TP2 x FSDP2"]}
+    worst = 0.0
+    for recipe, layouts in recipes.items():
+        reference = None
+        for name in layouts:
+            ngpu, flags, log_rank = SFT_LAYOUTS[name]
+            dump = tmp_path / f"{recipe}-{ngpu}-{len(flags)}"
+            out = run([*FP32_RUN, *flags], config=recipe, ngpu=ngpu, dump_folder=dump,
+                      env={"LOG_RANK": log_rank} if log_rank else {"TORCH_LOGS": "recompiles"})
+            assert out.returncode == 0, out.tail()
+            if (recipe, name) == ("simple_fsdp_llama3_debugmodel_sft", "FSDP2"):
+                _check_sft_launch(out, dump)
+            losses = [s.loss for s in out.steps]
+            # As printed: training to 5 decimals, validation to 4.
+            validation = [float(v) for v in re.findall(r"validate step:\s+\d+\s+loss:\s+([\d.]+)",
+                                                        out.output)]
+            assert len(losses) == 4 and len(validation) == 3, (losses, validation)
+            print(f"sft-figure {recipe} {name}: losses {losses}, validation {validation}")
+            if reference is None:
+                reference = losses, validation
+                continue
+            for a, b in zip(losses, reference[0]):
+                worst = max(worst, abs(a - b) / abs(b))
+                assert abs(a - b) <= 1e-5 * abs(b), (recipe, name, losses, reference[0])
+            for a, b in zip(validation, reference[1]):
+                assert abs(a - b) <= 1.5e-4, (recipe, name, validation, reference[1])
+    print(f"sft-figure largest relative difference of a training loss: {worst:.2e}")
+
+
+def _check_sft_launch(out, dump):
+    """The SFT recipe on 2 ranks: chat data, block-causal, the validator on
+    its held-out conversations with the trainer's own masks, compiled once."""
+    assert "reads the held-out 1/20 of chat_test's documents" in out.output
+    # The evaluation graphs compile at the first validation (grad mode off),
+    # once each for the model and the loss; later validations reuse them.
+    recompiles = [line for line in out.output.splitlines() if "Recompiling function" in line]
+    assert len(recompiles) == 2, recompiles
+    summary = json.loads((dump / "run_summary.json").read_text())
+    assert [v["step"] for v in summary["validation"]] == [1, 2, 4]
+    losses = [row["loss"] for row in summary["steps"]]
+    assert losses[-1] < losses[0] - 1.0  # the answers' format is learnt fast
+    assert summary["validation"][-1]["loss"] < summary["validation"][0]["loss"]
+    assert f"validation loss      {summary['validation_loss_last']:.5f} at step 4" in out.output

@@ -68,15 +68,26 @@ CHAT_DATASETS = {"chat": None,
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
+def chat_data(name: str, path: str | None, flag: str = "--dataloader") -> Path:
+    """The ``data.json`` of chat dataset ``name`` (``path``, or the bundled
+    folder); a ValueError naming ``flag``'s options when there is none."""
+    folder = path or CHAT_DATASETS[name]
+    if folder is None:
+        raise ValueError(f"{flag}.dataset {name} reads a chat folder of your own: "
+                         f"pass {flag}.dataset_path <folder with data.json>.")
+    data = Path(folder) / "data.json"
+    if not data.is_file():
+        raise ValueError(f"{flag}.dataset {name}: {data} does not exist. Pass "
+                         f"{flag}.dataset_path <folder with data.json>.")
+    return data
+
+
 def chat_source(name: str, path: str | None):
     """(loader's data, the folder) of a chat dataset, read as JSON lines."""
     from datasets import load_dataset
 
-    folder = path or CHAT_DATASETS[name]
-    if folder is None:
-        raise ValueError(f"--dataloader.dataset {name} reads a folder of your own: pass "
-                         "--dataloader.dataset_path <folder with data.json>")
-    return load_dataset("json", data_files=str(Path(folder) / "data.json"), split="train"), folder
+    data = chat_data(name, path)
+    return load_dataset("json", data_files=str(data), split="train"), str(data.parent)
 
 
 def held_out(text: str) -> bool:

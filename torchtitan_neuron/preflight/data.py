@@ -93,9 +93,10 @@ def check_dataset(config) -> None:
     folder exists and its JSON lines are sound; a hub dataset is reachable."""
     from torchtitan_neuron.data import held_out_validation
 
-    _check_loader(config.dataloader, "--dataloader")
+    _check_loader(config.dataloader, "--dataloader", config.hf_assets_path)
     if held_out_validation(config):
-        _check_loader(config.validator.dataloader, "--validator.dataloader")
+        _check_loader(config.validator.dataloader, "--validator.dataloader",
+                      config.hf_assets_path)
 
 
 def check_chat_lines(data: Path) -> None:
@@ -127,23 +128,42 @@ def check_chat_lines(data: Path) -> None:
                     f"turn then one assistant turn: {example}; fix or remove that line.")
 
 
-def _check_loader(dl, flag: str) -> None:
-    from torchtitan_neuron.data import CHAT_DATASETS
+def check_chat_template(assets: str | None, data: Path, flag: str, name: str) -> None:
+    """Conversations can be formatted: the tokenizer has a chat template (a
+    ``chat_template.jinja`` beside it, or ``chat_template`` in its
+    ``tokenizer_config.json``, as torchtitan's tokenizer reads them), or the
+    chat folder has one."""
+    import json
+
+    if not assets or not Path(assets).is_dir():
+        return  # the tokenizer check names a missing tokenizer
+    folder = Path(assets)
+    config = folder / "tokenizer_config.json"
+    if (folder / "chat_template.jinja").is_file() or (data.parent / "chat_template.jinja").is_file():
+        return
+    if config.is_file() and "chat_template" in json.loads(config.read_text()):
+        return
+    raise PreflightError(
+        f"{flag}.dataset {name}: the tokenizer in {folder} has no chat template (no "
+        "chat_template.jinja, no chat_template in tokenizer_config.json) and "
+        f"{data.parent / 'chat_template.jinja'} does not exist: put a Jinja chat template "
+        "in either, or use a tokenizer that has one.")
+
+
+def _check_loader(dl, flag: str, assets: str | None = None) -> None:
+    from torchtitan_neuron.data import CHAT_DATASETS, chat_data
 
     name = getattr(dl, "dataset", None)
     if name is None:
         return
     path = getattr(dl, "dataset_path", None)
     if name in CHAT_DATASETS:
-        folder = path or CHAT_DATASETS[name]
-        if folder is None:
-            raise PreflightError(f"{flag}.dataset {name} reads a chat folder of your own: "
-                                 f"pass {flag}.dataset_path <folder with data.json>.")
-        data = Path(folder) / "data.json"
-        if not data.is_file():
-            raise PreflightError(f"{flag}.dataset {name}: {data} does not exist. Pass "
-                                 f"{flag}.dataset_path <folder with data.json>.")
+        try:
+            data = chat_data(name, path, flag)
+        except ValueError as exc:
+            raise PreflightError(str(exc)) from None
         check_chat_lines(data)
+        check_chat_template(assets, data, flag, name)
         return
     if not path and name in HUB_DATASETS:
         why = _hub_unreachable(HUB_DATASETS[name])

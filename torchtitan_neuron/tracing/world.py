@@ -50,8 +50,17 @@ def last_stage_rank(config, ngpu: int) -> int:
     r * ngpu / pp; torch's V schedules put the last stage on pipeline rank
     0, the others on the last."""
     pp = config.parallelism.pipeline_parallel_degree
-    schedule = config.parallelism.pipeline_parallel_schedule
-    if pp == 1 or schedule.lower() in ("zbvzerobubble", "dualpipev"):
+    if pp == 1:
+        return 0
+    from torch.distributed.pipelining.schedules import (
+        ScheduleDualPipeV,
+        ScheduleZBVZeroBubble,
+        get_schedule_class,
+    )
+
+    # The classes torchtitan's stage placement treats as V-shaped.
+    schedule = get_schedule_class(config.parallelism.pipeline_parallel_schedule)
+    if schedule in (ScheduleZBVZeroBubble, ScheduleDualPipeV):
         return 0
     return (pp - 1) * (ngpu // pp)
 
