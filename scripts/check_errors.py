@@ -223,6 +223,14 @@ def case_hf_import_shapes(tmp):
                            "tensor model.embed_tokens.weight is [10, 8] there")
 
 
+def case_lora_adapter(tmp):
+    # A peft adapter for the LoRA recipe without the base weights it starts on.
+    return _preflight_case([*FAST, f"--checkpoint.initial_load_adapter={tmp}/adapter",
+                            f"--dump_folder={tmp / 'out'}"],
+                           "--checkpoint.initial_load_adapter",
+                           config="simple_fsdp_llama3_debugmodel_lora")
+
+
 def case_cpu_oversubscribed(tmp):
     ngpu = (os.cpu_count() or 1) + 1
     out = _train([*FAST, "--training.steps", "1", f"--dump_folder={tmp}"], ngpu=ngpu)
@@ -310,6 +318,7 @@ CASES = {
     "gpt-oss-cp": case_gpt_oss_cp,
     "plan-ep": case_plan_ep,
     "hf-import-shapes": case_hf_import_shapes,
+    "lora-adapter": case_lora_adapter,
     "cpu-oversubscribed": case_cpu_oversubscribed,
     "trn2-on-cpu": case_trn2_on_cpu,
     "ctrl-c": case_ctrl_c,
