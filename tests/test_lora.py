@@ -190,8 +190,25 @@ def test_the_preflight_refuses_an_adapter_that_does_not_fit(exported, tmp_path):
         _check(f"--checkpoint.initial_load_adapter={good}")
 
 
-def test_a_lora_converter_with_rank_0_or_a_missing_target_is_refused():
+def test_a_lora_converter_with_rank_0_or_a_missing_target_is_refused(tmp_path, monkeypatch):
     from torchtitan.components.lora import LoRAConverter
+
+    from torchtitan_neuron.preflight import PreflightError
+    from torchtitan_neuron.preflight.checks import run_checks
+
+    # A recipe of the user's own, refused by the preflight as it is built.
+    (tmp_path / "my_lora.py").write_text(
+        "from torchtitan.components.lora import LoRAConverter\n"
+        "from torchtitan_neuron.experiments.graph_trainer.llama3 import model_registry  # noqa\n"
+        "from torchtitan_neuron.experiments.graph_trainer.llama3 import config_registry as c\n"
+        "def my_lora():\n"
+        "    return c._neuron_simple_fsdp_llama3_config(c.cpu_rehearsal_llama3_debugmodel,\n"
+        "        converters=[LoRAConverter.Config(target_modules=['wq', 'wo'])])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PreflightError, match=r"CONFIG=my_lora cannot be built: "
+                       r"LoRAConverter.Config\(target_modules=...\): the model has no linear "
+                       r"named wq"):
+        run_checks(["--module", "my_lora", "--config", "my_lora"], 2)
 
     from torchtitan_neuron.components.model_config import check_lora
 

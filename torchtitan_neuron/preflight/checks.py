@@ -59,7 +59,10 @@ def run_checks(argv: list[str], ngpu: int, nnodes: int = 1) -> list[str]:
 
     if nnodes > 1:
         check_endpoint(os.environ.get("RDZV_ENDPOINT", ""))
-    config = ConfigManager().parse_args(argv)
+    try:
+        config = ConfigManager().parse_args(argv)
+    except ValueError as exc:  # raised by the recipe's own function as it builds
+        raise PreflightError(f"CONFIG={known.config} cannot be built: {exc}") from None
     notes = []
     if config.comm.mode in SIMULATED_COMM_MODES:
         # One process simulates the NGPU ranks: no device per rank is needed.
