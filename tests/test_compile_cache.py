@@ -61,7 +61,7 @@ def test_second_run_loads_the_compiled_bf16_gather_bucket(tmp_path):
     assert default.get("autograd_cache_bypass") == 1, default
 
 
-def test_equal_policies_share_one_picklable_context_fn():
+def test_equal_policies_share_one_picklable_context_fn(monkeypatch):
     sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from compile_sac_block import Model
 
@@ -75,3 +75,14 @@ def test_equal_policies_share_one_picklable_context_fn():
     assert len({id(fn) for fn in fns}) == 1
     assert len(fns[0].cache_hash) == 64
     assert pickle.loads(pickle.dumps(fns[0])) is fns[0]
+    # The hash covers this project's policy code as well as upstream's: an
+    # edit to it gives a new hash, so no stale compiled graph is served.
+    from torchtitan_neuron.experiments.graph_trainer import activation_checkpoint as ours
+
+    sources = ours.policy_sources()
+    assert any("def hash_selective_policies" in source for source in sources)
+    monkeypatch.setattr(ours, "policy_sources", lambda: [*sources[:-1], sources[-1] + "#"])
+    model = Model()
+    apply_activation_checkpointing(model, SelectiveAC.Config(), dump_folder="")
+    edited = model.layers["0"].checkpoint_fn.keywords["context_fn"]
+    assert len(edited.cache_hash) == 64 and edited.cache_hash != fns[0].cache_hash

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -300,6 +301,16 @@ def named_context_fn(fn, cache_hash: str):
     return context_fn
 
 
+def policy_sources() -> list[str]:
+    """The code that decides what a selective-AC policy saves: torchtitan's
+    AC module, and this module (the jit memory policies, what they save by
+    default). An edit to either gives every policy a new cache hash, so a
+    cached graph compiled under the old policy is never served."""
+    from torchtitan.distributed import activation_checkpoint as upstream
+
+    return [inspect.getsource(upstream), inspect.getsource(sys.modules[__name__])]
+
+
 def hash_selective_policies(model: nn.Module, ac_config) -> int:
     """Give each selective-AC ``context_fn`` the ``cache_hash`` torch's
     AOTAutograd cache asks for (``named_context_fn``).
@@ -308,13 +319,12 @@ def hash_selective_policies(model: nn.Module, ac_config) -> int:
     a selective-checkpoint region ("SAC context_fn does not have a
     cache_hash attribute"), so a second identical run compiled the model
     graph again from scratch. The hash covers what decides the policy: the
-    source of torchtitan's AC module, the AC config, and the op set and
-    matmul shapes each policy closes over. Returns the number hashed.
+    code of the policies (``policy_sources``), the AC config, and the op set
+    and matmul shapes each policy closes over. Returns the number hashed.
     """
-    from torchtitan.distributed import activation_checkpoint as upstream
-
     base = hashlib.sha256()
-    base.update(inspect.getsource(upstream).encode())
+    for source in policy_sources():
+        base.update(source.encode())
     base.update(repr(ac_config).encode())
     base.update(torch.__version__.encode())
     hashed = 0
