@@ -14,6 +14,8 @@ Run: .venv/bin/python -m pytest tests/test_reference.py -q
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from runlog import run_command
@@ -35,8 +37,11 @@ def test_make_train_prints_the_one_rank_aot_eager_losses(tmp_path):
     from conftest import run_train
 
     command = _without_steps(make_train_command())
+    # A cold compile cache of its own, so the passes run (a warm one loads
+    # the compiled graphs) and the log says what they did.
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     default = run_command([*command, *FP32_8, f"--dump_folder={tmp_path / 'default'}"],
-                          timeout=900)
+                          env, timeout=900)
     assert default.returncode == 0, default.output[-4000:]
     assert "compile backend inductor" in default.output
     assert "SimpleFSDP bucketing:" in default.output
