@@ -4,11 +4,13 @@ Proves: ``make train``'s own command (2 CPU ranks, the SimpleFSDP Llama
 debug recipe compiled with inductor, SimpleFSDP's bucketing and prefetch),
 in fp32 and for 8 steps, prints the losses of the same recipe on 1 rank
 under ``aot_eager`` (no compiler passes, no sharding, the same 8 sequences
-a step) within 1e-5 relative. Every parity, resume and bucketing test
-elsewhere runs ``aot_eager``; this one runs what ``make train`` and the
-bench run. (DeepSeek's default path: tests/test_deepseek.py.)
+a step) within 1e-5 relative; with ``--compile.no-prefetch`` it prints the
+same losses bit for bit, and only the prefetching run's log says what the
+pass moved. Every parity, resume and bucketing test elsewhere runs
+``aot_eager``; this one runs what ``make train`` and the bench run.
+(DeepSeek's default path: tests/test_deepseek.py.)
 
-Tier: e2e, in ``make test-slow`` (two launches, about 2.5 minutes).
+Tier: e2e, in ``make test-slow`` (three launches, about 3.5 minutes).
 Run: .venv/bin/python -m pytest tests/test_reference.py -q
 """
 
@@ -37,15 +39,21 @@ def test_make_train_prints_the_one_rank_aot_eager_losses(tmp_path):
     from conftest import run_train
 
     command = _without_steps(make_train_command())
-    # A cold compile cache of its own, so the passes run (a warm one loads
-    # the compiled graphs) and the log says what they did.
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    default = run_command([*command, *FP32_8, f"--dump_folder={tmp_path / 'default'}"],
+    runs = {}
+    for name, flag in (("default", []), ("no-prefetch", ["--compile.no-prefetch"])):
+        # A cold compile cache of its own, so the passes run (a warm one
+        # loads the compiled graphs) and the log says what they did.
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{name}"))
+        run = run_command([*command, *FP32_8, *flag, f"--dump_folder={tmp_path / name}"],
                           env, timeout=900)
-    assert default.returncode == 0, default.output[-4000:]
-    assert "compile backend inductor" in default.output
-    assert "SimpleFSDP bucketing:" in default.output
-    assert "gathers prefetched" in default.output
+        assert run.returncode == 0, run.output[-4000:]
+        assert "compile backend inductor" in run.output
+        assert "SimpleFSDP bucketing:" in run.output
+        assert ("gathers prefetched" in run.output) == (not flag), run.output[-4000:]
+        runs[name] = run
+    default = runs["default"]
+    # Prefetch only moves collectives: the same arithmetic, bit for bit.
+    assert [s.loss for s in default.steps] == [s.loss for s in runs["no-prefetch"].steps]
     # The recipe's 4 sequences on each of 2 ranks: 8 on the one rank.
     reference = run_train([*command[1:], *FP32_8, "--compile.backend", "aot_eager",
                            "--training.local_batch_size", "8"],
