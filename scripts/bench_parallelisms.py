@@ -4,7 +4,7 @@
 
 Two groups of launches of ``./run_train.sh`` on the bundled data, fp32
 parameters, ``--debug.seed 0``, the recipe's own AC policy (selective, saving
-every matmul), ``--compile.backend aot_eager`` (the compiled step's graphs run
+every matmul: ``--compile.memory_policy default``), ``--compile.backend aot_eager`` (the compiled step's graphs run
 op by op, so the tensor tracker sees every allocation):
 
 - the SimpleFSDP DeepSeek debug model on 4 ranks, global batch 8: TP2 x FSDP2,
@@ -54,6 +54,8 @@ def run(recipe, ngpu: int, flags: list[str], steps: int) -> dict:
     result = launch(
         ["--training.steps", str(steps), "--dataloader.dataset", "c4_test",
          "--hf_assets_path=./tests/assets/tokenizer", "--compile.backend", "aot_eager",
+         # Selective AC saving every matmul, the policy docs/parallelisms.md quotes.
+         "--compile.memory_policy", "default",
          "--training.mixed_precision_param", "float32", "--metrics.log_freq", "1",
          "--debug.seed", "0", *flags],
         ngpu=ngpu, module=module, config=config,

@@ -4,7 +4,7 @@
 
 Launches of ``./run_train.sh`` with the SimpleFSDP Llama debug model on the
 bundled data, fp32 parameters, ``--debug.seed 0``, the recipe's own AC policy
-(selective, every matmul saved), ``--compile.backend aot_eager``, sequence
+(selective, every matmul saved: ``--compile.memory_policy default``), ``--compile.backend aot_eager``, sequence
 length 2048, one thread per rank (``OMP_NUM_THREADS=1``, so a rank is one
 core):
 
@@ -52,6 +52,8 @@ def run(ngpu: int, m: int, steps: int) -> dict:
     result = launch(
         ["--training.steps", str(steps), "--dataloader.dataset", "c4_test",
          "--hf_assets_path=./tests/assets/tokenizer", "--compile.backend", "aot_eager",
+         # Selective AC saving every matmul, the policy docs/parallelisms.md quotes.
+         "--compile.memory_policy", "default",
          "--training.mixed_precision_param", "float32", "--metrics.log_freq", "1",
          "--debug.seed", "0", *flags],
         ngpu=ngpu, module=module, config=config, env=env, timeout=1800)

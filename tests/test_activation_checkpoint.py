@@ -166,19 +166,23 @@ def test_memory_policies_jit_mode_cannot_honour_are_refused():
     with pytest.raises(ValueError, match="sac_and_offload"):
         check_memory_policy(SelectiveAC.Config(), "sac_and_offload")
     for ac, name in ((FullAC.Config(), "full"), (None, "none")):
-        with pytest.raises(ValueError, match="--compile.memory_policy eager chooses what "
+        with pytest.raises(ValueError, match="--compile.memory_policy default chooses what "
                            f"selective activation checkpointing saves, but this recipe's is {name}"):
-            check_memory_policy(ac, "eager")
-        check_memory_policy(ac, "default")
+            check_memory_policy(ac, "default")
+        # eager, the default, leaves full or no AC as it is.
+        check_memory_policy(ac, "eager")
 
 
 def test_recipe_with_a_refused_memory_policy_fails_at_parse_time(capsys):
     with pytest.raises(SystemExit) as exc:
         ConfigManager().parse_args(["--module", LLAMA, "--config", "simple_fsdp_llama3_8b_fullac",
-                                    "--compile.memory_policy", "eager"])
+                                    "--compile.memory_policy", "default"])
     assert exc.value.code != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "but this recipe's is full" in err
-    config = ConfigManager().parse_args(["--module", LLAMA, "--config", "simple_fsdp_llama3_8b",
-                                         "--compile.memory_policy", "eager"])
+    # The recipes' selective AC is torchtitan's policy unless the flag says otherwise.
+    config = ConfigManager().parse_args(["--module", LLAMA, "--config", "simple_fsdp_llama3_8b"])
     assert config.compile.memory_policy == "eager"
+    config = ConfigManager().parse_args(["--module", LLAMA, "--config", "simple_fsdp_llama3_8b",
+                                         "--compile.memory_policy", "default"])
+    assert config.compile.memory_policy == "default"

@@ -4,8 +4,10 @@ graph_trainer's ``parallelize_llama`` ignores ``ac_config`` in jit mode, so full
 and selective AC silently do nothing there. This module applies them for real,
 per transformer block, with torchtitan's own ``FullAC`` / ``SelectiveAC``. What
 selective AC saves follows graph_trainer's ``--compile.memory_policy`` (which
-upstream reads in aot_fx_trace mode only): ``default`` saves every matmul,
-``eager`` recomputes every second one, as torchtitan's eager policy does.
+upstream reads in aot_fx_trace mode only): ``eager``, this project's default,
+recomputes every second matmul, as torchtitan's ``SelectiveAC`` does wherever
+a recipe names it; ``default`` saves every matmul, as aot_fx_trace's default
+graph pass does.
 Under both, attention is saved on CPU as it is on CUDA and Neuron
 (``AttentionSavingSAC``).
 
@@ -157,15 +159,15 @@ JIT_MEMORY_POLICIES = ("default", "eager")
 
 
 def apply_activation_checkpointing(
-    model: nn.Module, ac_config, dump_folder: str, memory_policy: str = "default"
+    model: nn.Module, ac_config, dump_folder: str, memory_policy: str = "eager"
 ) -> None:
     """Apply full or selective AC per transformer block (None: no block AC).
 
     Selective AC follows graph_trainer's ``--compile.memory_policy``, as
-    upstream's ``aot_fx_trace`` mode does: ``default`` saves every op of the
-    save list, every matmul included (graph_trainer's
-    ``_make_default_memory_policy``); ``eager`` recomputes every second
-    matmul, as torchtitan's eager ``SelectiveAC`` does.
+    upstream's ``aot_fx_trace`` mode does: ``eager`` (the default here)
+    recomputes every second matmul, as torchtitan's ``SelectiveAC`` does;
+    ``default`` saves every op of the save list, every matmul included
+    (graph_trainer's ``_make_default_memory_policy``).
     """
     check_memory_policy(ac_config, memory_policy)
     ac_config = save_attention(ac_config, memory_policy)
@@ -191,7 +193,9 @@ def check_memory_policy(ac_config, memory_policy: str) -> None:
             "recipe's activation checkpointing decides: use a _fullac recipe for full "
             f"recomputation, or --compile.memory_policy {' / '.join(JIT_MEMORY_POLICIES)} "
             "with a selective one")
-    if memory_policy != "default" and not isinstance(ac_config, SelectiveAC.Config):
+    # eager is the default and leaves full or no AC as it is; default names
+    # what selective AC saves, so it needs a selective recipe.
+    if memory_policy == "default" and not isinstance(ac_config, SelectiveAC.Config):
         raise ValueError(
             f"--compile.memory_policy {memory_policy} chooses what selective activation "
             f"checkpointing saves, but this recipe's is {ac_name(ac_config)}: drop the "

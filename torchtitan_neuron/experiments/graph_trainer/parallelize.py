@@ -74,7 +74,7 @@ def parallelize_simple_fsdp(
         model.parallelize(parallel_dims)
     shard_experts_over_efsdp(model, parallel_dims=parallel_dims, training=training)
     apply_activation_checkpointing(model, ac_config, dump_folder,
-                                   getattr(compile_config, "memory_policy", "default"))
+                                   getattr(compile_config, "memory_policy", "eager"))
     replicate_unevenly_sharded(model, parallel_dims=parallel_dims, training=training)
     model = apply_simple_fsdp(model, parallel_dims=parallel_dims, training=training)
     refreeze(frozen)

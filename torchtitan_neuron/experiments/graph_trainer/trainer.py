@@ -32,14 +32,15 @@ class NeuronCompileConfig(GraphTrainerCompileConfig):
 
     mode: str = "jit"
 
-    memory_policy: Literal["default", "full", "eager", "sac_and_offload"] = "default"
+    memory_policy: Literal["default", "full", "eager", "sac_and_offload"] = "eager"
     """What selective activation checkpointing saves, in jit mode
-    (torchtitan_neuron/activation_checkpoint.py). default: every op of
-    torchtitan's save list, every matmul included, as graph_trainer's
-    aot_fx_trace default does. eager: every second matmul is recomputed
-    instead, as torchtitan's eager SelectiveAC does (less activation memory,
-    more recomputation). full and sac_and_offload are graph passes of
-    aot_fx_trace mode and are refused here: a _fullac recipe recomputes fully."""
+    (experiments/graph_trainer/activation_checkpoint.py). eager (the
+    default): torchtitan's SelectiveAC as the recipes name it, every second
+    matmul recomputed. default: every op of torchtitan's save list, every
+    matmul included, as graph_trainer's aot_fx_trace default does (more
+    activation memory, less recomputation). full and sac_and_offload are graph
+    passes of aot_fx_trace mode and are refused here: a _fullac recipe
+    recomputes fully."""
 
     bucketing: bool = True
     """One all-gather per transformer block (and FSDP mesh) for all of its
