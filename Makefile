@@ -51,7 +51,8 @@ check-errors: install
 
 # SimpleFSDP jit against torchtitan's eager FSDP2, upstream's aot_fx_trace and
 # 1 rank, and scaling to 4 ranks, on the tiny, medium and DeepSeek models;
-# 3 launches per cell (about an hour). Writes docs/bench.md and docs/bench.png.
+# Every peer under full and under selective AC, 3 launches per cell (hours on 2 cores:
+# narrow it). Writes docs/bench.md and docs/bench.png.
 # Not part of `make test`. Narrow it: make bench BENCH_ARGS="--models tiny".
 bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)

@@ -7,9 +7,10 @@ real share of the memory while one step still runs in seconds on a 2-core
 CPU. Select with ``--module scripts.bench_recipes`` from the repository root.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torchtitan.models.llama3 as upstream
+from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
 
 from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
     _neuron_simple_fsdp_llama3_config,
@@ -17,7 +18,11 @@ from torchtitan_neuron.experiments.graph_trainer.llama3.config_registry import (
 from torchtitan_neuron.models.llama3.config_registry import (
     cpu_rehearsal_llama3_debugmodel,
 )
+from torchtitan_neuron.config_utils import promote
+from torchtitan_neuron.data import layout_invariant
+from torchtitan_neuron.experiments.graph_trainer.activation_checkpoint import save_attention
 from torchtitan_neuron.experiments.graph_trainer.trainer import NeuronGraphTrainer
+from torchtitan_neuron.seeded_init import layout_invariant_init
 from torchtitan_neuron.trainer import NeuronTrainer
 
 MEDIUM = "bench_medium"
@@ -60,18 +65,66 @@ def simple_fsdp_llama3_medium() -> NeuronGraphTrainer.Config:
     return _neuron_simple_fsdp_llama3_config(_medium_base)
 
 
-# The baselines `make bench` runs the same models under (scripts/bench.py):
-# torchtitan's eager FSDP2 Trainer, and upstream's GraphTrainer in its
-# default aot_fx_trace mode. Each starts from the same CPU rehearsal base as
-# the SimpleFSDP recipe, with SDPA attention (FlexAttention has no backward
-# on CPU in torch 2.14).
+# The peers `make bench` runs the same models under (scripts/bench.py):
+# torchtitan's FSDP2 Trainer, eager and compiled per block, and upstream's
+# GraphTrainer in its aot_fx_trace mode. Each starts from the same CPU
+# rehearsal base as the SimpleFSDP recipe, with SDPA attention (FlexAttention
+# has no backward on CPU in torch 2.14), the same initial weights and the same
+# batches, so every cell's step-1 loss is the same.
 
 
-def llama3_medium_fsdp2() -> NeuronTrainer.Config:
+class FSDP2Peer(NeuronTrainer):
+    """The FSDP2 peer: selective AC saves CPU attention, as the SimpleFSDP
+    recipes' does (``save_attention``), so both do the same work under it."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(NeuronTrainer.Config):
+        pass
+
+    def _prepare(self, config) -> None:
+        config.activation_checkpoint = save_attention(config.activation_checkpoint)
+        super()._prepare(config)
+
+
+class SeededGraphTrainer(GraphTrainer):
+    """Upstream's GraphTrainer as it is, with this project's initial weights:
+    each parameter drawn from the seed whatever the layout
+    (torchtitan_neuron.seeded_init), as every Neuron recipe's are."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GraphTrainer.Config):
+        pass
+
+    def __init__(self, config):
+        with layout_invariant_init(config.debug.seed):
+            super().__init__(config)
+
+
+def llama3_debugmodel_fsdp2() -> FSDP2Peer.Config:
     from torchtitan_neuron.models.llama3 import model_registry
     from torchtitan_neuron.models.recipes import neuron_trainer_config
 
-    return neuron_trainer_config(_medium_base(), model_registry(MEDIUM))
+    base = cpu_rehearsal_llama3_debugmodel()
+    return promote(neuron_trainer_config(base, model_registry(base.model_spec.flavor)),
+                   FSDP2Peer.Config)
+
+
+def llama3_medium_fsdp2() -> FSDP2Peer.Config:
+    from torchtitan_neuron.models.llama3 import model_registry
+    from torchtitan_neuron.models.recipes import neuron_trainer_config
+
+    return promote(neuron_trainer_config(_medium_base(), model_registry(MEDIUM)),
+                   FSDP2Peer.Config)
+
+
+def deepseek_v3_debugmodel_fsdp2() -> FSDP2Peer.Config:
+    from torchtitan_neuron.models.deepseek_v3.config_registry import (
+        deepseek_v3_debugmodel_neuron_tp2_fsdp2,
+    )
+
+    config = promote(deepseek_v3_debugmodel_neuron_tp2_fsdp2(), FSDP2Peer.Config)
+    config.parallelism.tensor_parallel_degree = 1
+    return config
 
 
 def _graph_trainer(base, registry, flavor: str):
@@ -81,9 +134,10 @@ def _graph_trainer(base, registry, flavor: str):
     )
 
     base.model_spec = registry(flavor, attn_backend="sdpa")
+    base.dataloader = layout_invariant(base.dataloader)
     config = to_graph_trainer_config(base, registry)
     config.compile = GraphTrainerCompileConfig(enable=True, mode="aot_fx_trace")
-    return config
+    return promote(config, SeededGraphTrainer.Config)
 
 
 def graph_trainer_llama3_debugmodel_cpu():

@@ -455,6 +455,14 @@ PINNED: dict[str, dict[str, str]] = {
         # The experts cast the gathered fp32 weights to bf16 for grouped_mm.
         "torchtitan.models.common.moe:GroupedExperts.forward": "a964d794b212d5a7",
     },
+    "bench-peers-same-work": {
+        # SeededGraphTrainer wraps it in the layout-invariant initialisation.
+        "torchtitan.experiments.graph_trainer.trainer:GraphTrainer.__init__": "22c610927e5d368a",
+        # aot_fx_trace's eager graph policy saves what this list names.
+        "torchtitan.distributed.activation_checkpoint:_get_default_save_ops": "c82c91696777ccfa",
+        "torchtitan.experiments.graph_trainer.memory_policy:_make_eager_memory_policy":
+            "7fb262b95f6a29ee",
+    },
 }
 
 
@@ -697,3 +705,16 @@ def test_every_pinned_row_is_in_the_document():
     missing = [row for row in [*PINNED, "cpu-device-module", "neuron-backend"]
                if f"`{row}`" not in text]
     assert not missing, f"rows pinned here but not in {DOC.name}: {missing}"
+
+
+def test_aot_fx_traces_save_list_still_lacks_cpu_attention():
+    """Row `bench-peers-same-work`: under selective AC `aot_fx_trace`
+    recomputes CPU attention, which the other cells save, so the bench prints
+    no ratio against it there."""
+    from torchtitan.distributed.activation_checkpoint import _get_default_save_ops
+
+    cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert cpu_flash not in _get_default_save_ops(), (
+        "torchtitan's save list now holds CPU attention: aot_fx_trace's selective "
+        "policy does the same work as the others; revisit row `bench-peers-same-work` "
+        "(scripts/bench.py comparable())")
