@@ -3,11 +3,13 @@ would hand to the Neuron compiler.
 
 Proves: the debug SimpleFSDP Llama recipe at 2 ranks is ``ready`` on the
 neuron branch, and its run goes through that branch's code paths (device and
-process group ``neuron``, NeuronCore counting, the per-rank NEFF cache, the
+process group ``neuron``, NeuronCore counting, the NEFF cache of the host, the
 step line's memory figure read after ``torch.neuron.synchronize()``, the
 ``neuron`` compile backend resolved to the stand-in, SDPA on the fused op);
 the model graphs handed to the ``neuron`` backend hold one all-gather and
-one reduce-scatter per block (bucketing); the DeepSeek debug SimpleFSDP
+one reduce-scatter per block (bucketing), and the host's last rank, traced
+beside rank 0, hands the compiler the same programs, so the host compiles
+each once; the DeepSeek debug SimpleFSDP
 recipe at 4 ranks as TP2 x EP2 (its all-to-alls over ``ep`` counted), the context-parallel debug recipe at 4 ranks (its key
 and value gathers over ``cp`` counted apart from FSDP's) and an eager recipe
 are ``ready``, and so is one rank of 128 (two trn2 hosts); a recipe whose model calls ``.item()`` in forward is ``not
@@ -64,7 +66,16 @@ def test_debug_llama_is_ready_and_runs_the_neuron_branch():
     notes = report["notes"]
     assert notes["platform"] == "neuron (device neuron, process group neuron)"
     assert notes["NeuronCores on this host"] == 64
-    assert notes["NEFF cache"].endswith(os.path.join("", "rank0-of-2"))
+    # One NEFF cache for the host's ranks (devices.host_neff_cache).
+    assert notes["NEFF cache"] == os.environ.get(devices.NEFF_CACHE_ENV, devices.DEFAULT_NEFF_CACHE)
+    # Rank 1, the host's last, traced beside rank 0: the same programs.
+    programs = {g["name"]: g["program"] for g in report["graphs"]}
+    assert report["host_peer"]["rank"] == 1 and report["host_peer"]["programs"] == programs
+    n = len(set(programs.values()))
+    assert report["host_programs"] == (
+        f"{len(programs)} programs on rank 0, the same {len(programs)} on rank 1 (the host's "
+        f"last): the host's 2 ranks compile {n} distinct programs (with the NEFF cache shared "
+        f"per host, {n} compiles where a cache per rank would run {2 * len(programs)})")
     assert "every read after torch.neuron.synchronize()" in notes["memory figure"]
     assert "'neuron' -> the rehearsal's stand-in" in notes["compile"]
     assert report["compile_backend"] == "neuron"
@@ -306,12 +317,46 @@ def test_neuroncores_are_counted_from_torch_neuron(stand_in_neuron):
     assert devices.device_count("neuron") == 64
 
 
-def test_each_rank_gets_its_own_neff_cache(monkeypatch, tmp_path):
+def test_the_ranks_of_a_host_share_one_neff_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "64")
     monkeypatch.setenv(devices.NEFF_CACHE_ENV, str(tmp_path))
-    assert devices.per_rank_neff_cache() == str(tmp_path / "rank3-of-64")
-    assert os.environ[devices.NEFF_CACHE_ENV] == str(tmp_path / "rank3-of-64")
+    assert devices.host_neff_cache() == str(tmp_path)
     monkeypatch.delenv(devices.NEFF_CACHE_ENV)
-    assert devices.per_rank_neff_cache() == os.path.join(
-        devices.DEFAULT_NEFF_CACHE, "rank3-of-64")
+    assert devices.host_neff_cache() == devices.DEFAULT_NEFF_CACHE
+    assert os.environ[devices.NEFF_CACHE_ENV] == devices.DEFAULT_NEFF_CACHE
+    # Inductor's stays per rank: its key leaves the process group's name out.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    assert devices.per_rank_compile_cache() == str(tmp_path / "rank3-of-64")
+    monkeypatch.delenv("RANK")
+    assert devices.host_neff_cache() is None
+
+
+def test_programs_per_host_count_identical_graphs_once():
+    def report(rank, programs):
+        r = Report(recipe="r", ngpu=64, target="trn2", rank=rank, host_ranks=64)
+        r.graphs = [{"name": k, "program": v} for k, v in programs.items()]
+        return r
+
+    same = {"graph0.forward": "a", "graph0.backward": "b", "graph1.forward": "c"}
+    r = report(0, same)
+    assert r.host_programs() == ""  # no peer traced
+    r.add_host_peer(63, {"graphs": [{"name": k, "program": v} for k, v in same.items()],
+                         "reasons": []})
+    assert r.host_programs() == (
+        "3 programs on rank 0, the same 3 on rank 63 (the host's last): the host's 64 ranks "
+        "compile 3 distinct programs (with the NEFF cache shared per host, 3 compiles where "
+        "a cache per rank would run 192)")
+    other = dict(same, **{"graph1.forward": "d"})
+    r = report(0, same)
+    r.pp = 2
+    r.add_host_peer(63, {"graphs": [{"name": k, "program": v} for k, v in other.items()],
+                         "reasons": ["graph break at m.py:3: x"]})
+    assert r.host_programs() == (
+        "3 programs on rank 0; rank 63 (the host's last) (another pipeline stage) differs in 1 "
+        "(graph1.forward): at least 4 distinct programs on the host, ranks between them not traced")
+    # What only the other rank hit makes the host not ready.
+    assert r.reasons() == ["rank 63: graph break at m.py:3: x"] and not r.ready
+    r = report(0, same)
+    r.add_host_peer(63, {"error": "MemoryError"})
+    assert r.host_programs() == "rank 63's trace did not finish: MemoryError"

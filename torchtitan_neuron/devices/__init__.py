@@ -34,13 +34,13 @@ from torchtitan_neuron.devices.neuron import (
     DEFAULT_NEFF_CACHE,
     NEFF_CACHE_ENV,
     install_neuron,
-    per_rank_neff_cache,
+    host_neff_cache,
 )
 
 __all__ = [
     "DEFAULT_NEFF_CACHE", "NEFF_CACHE_ENV", "NEURON", "NEURON_COMPILE_BACKEND",
     "Platform", "cuda_memory_bytes", "current", "detect", "device_count",
-    "host_memory_bytes", "install", "per_rank_compile_cache", "per_rank_neff_cache",
+    "host_memory_bytes", "install", "per_rank_compile_cache", "host_neff_cache",
 ]
 
 _installed: Platform | None = None
@@ -54,8 +54,8 @@ def install(platform: Platform | None = None) -> Platform:
     in every module listed in ``DEVICE_GLOBAL_COPIES``, makes
     ``get_local_device`` return the host device, and points MFU at the CPU
     matmul peak. On neuron it sets ``device_type="neuron"`` and
-    ``NeuronDeviceModule`` there (memory read after a synchronize), and each
-    launched rank gets its own NEFF cache. On cuda torchtitan's own detection
+    ``NeuronDeviceModule`` there (memory read after a synchronize), and the
+    launched ranks of a host share one NEFF cache. On cuda torchtitan's own detection
     is right and nothing is touched. On every platform a launched rank gets
     its own inductor cache (``per_rank_compile_cache``), and gloo process
     groups run one worker thread (``gloo.install``: torch 2.14.1's two race
@@ -71,7 +71,7 @@ def install(platform: Platform | None = None) -> Platform:
     single_worker_gloo = gloo.install()
     caches = [per_rank_compile_cache()]
     if platform.name == "neuron":
-        caches.append(per_rank_neff_cache())
+        caches.append(host_neff_cache())
     _installed = platform
     caches = [c for c in caches if c]
     logger.info(

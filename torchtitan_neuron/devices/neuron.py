@@ -9,7 +9,6 @@ import os
 
 import torch
 
-from torchtitan_neuron.devices.compile_cache import per_rank_dir
 from torchtitan_neuron.devices.detect import NEURON
 from torchtitan_neuron.devices.torchtitan_globals import set_device_globals
 
@@ -61,13 +60,25 @@ NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 DEFAULT_NEFF_CACHE = "/tmp/neff_cache"
 
 
-def per_rank_neff_cache() -> str | None:
-    """Give this rank its own NEFF cache directory, as
-    ``per_rank_compile_cache`` does for inductor: ``$TORCH_NEURONX_NEFF_CACHE_DIR``
-    (or TorchNeuron's default) stays the root and each rank uses
-    ``<root>/rank<R>-of-<N>``, so ranks whose graphs differ only in their
-    process group's name never share a compiled program."""
-    return per_rank_dir(NEFF_CACHE_ENV, lambda: DEFAULT_NEFF_CACHE)
+def host_neff_cache() -> str | None:
+    """The NEFF cache every rank of a host shares: ``$TORCH_NEURONX_NEFF_CACHE_DIR``
+    or TorchNeuron's default, set for a launched rank so all agree. None
+    outside a launch.
+
+    Ranks that hand neuronx-cc the same graph then compile it once per host,
+    not once per rank (the rehearsal counts the distinct programs of a host).
+    AWS's page on the cache covers "shared cache directories"
+    (awsdocs-neuron.readthedocs-hosted.com/en/v2.34.0/about-neuron/arch/
+    neuron-features/neuron-caching.html, its description), and its key is a
+    hash of the graph and the compiler's flags: what a NEFF bakes in comes
+    from that graph, so two graphs that differ (a process group's name
+    included) never share an entry. Inductor's cache, whose key left the
+    group's name out, stays per rank (``per_rank_compile_cache``)."""
+    if os.environ.get("RANK") is None or os.environ.get("WORLD_SIZE") is None:
+        return None
+    path = os.environ.get(NEFF_CACHE_ENV) or DEFAULT_NEFF_CACHE
+    os.environ[NEFF_CACHE_ENV] = path
+    return path
 
 
 class NeuronDeviceModule:

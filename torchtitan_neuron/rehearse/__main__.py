@@ -7,6 +7,7 @@ launcher's preflight reports it).
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import torchtitan_neuron.rehearse as package
@@ -20,7 +21,30 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+# Set in the process that traces the host's last rank, so it starts no other.
+HOST_PEER_ENV = "TORCHTITAN_NEURON_REHEARSAL_PEER"
+
+
+def start_host_peer(argv: list[str], rank: int) -> subprocess.Popen:
+    """The same rehearsal as rank ``rank`` (the host's last), in a process of
+    its own that runs beside this one; its report comes back as JSON."""
+    env = dict(os.environ, RANK=str(rank), **{HOST_PEER_ENV: "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchtitan_neuron.rehearse", *argv, "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def host_peer_report(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        lines = [l for l in err.strip().splitlines() if l.strip()]
+        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     opts, overrides = parse(argv)
     # The device comes first, as on a Trainium host where TorchNeuron is
     # loaded with torch: torchtitan's import-time device detection then
@@ -46,7 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     except PreflightError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 2
+    host_ranks = opts.ngpu // nodes
+    # The host's last rank, traced beside rank 0: how many distinct programs
+    # the host's ranks hand neuronx-cc.
+    peer = (start_host_peer([a for a in argv if a != "--json"], host_ranks - 1)
+            if host_ranks > 1 and not os.environ.get(HOST_PEER_ENV) else None)
     report = rehearse(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config)
+    report.host_ranks = host_ranks
+    if peer is not None:
+        report.add_host_peer(host_ranks - 1, host_peer_report(peer))
     if nodes > 1:
         report.notes["nodes"] = (f"{nodes}: rank 0's host is one of {nodes}, "
                                  f"with {opts.ngpu // nodes} of the {opts.ngpu} ranks")

@@ -19,7 +19,7 @@ import torch
 
 from torchtitan_neuron import devices
 from torchtitan_neuron.tracing.ops import recorded_outputs
-from torchtitan_neuron.rehearse.checks import GraphFacts, check_graph
+from torchtitan_neuron.rehearse.checks import GraphFacts, check_graph, program_fingerprint
 from torchtitan_neuron.tracing.ops import user_frame
 
 
@@ -73,6 +73,7 @@ class StandInNeuronBackend:
         from torch.fx.graph import _BoxedCodeGen
 
         facts = check_graph(gm, name, self.groups)
+        facts.program = program_fingerprint(gm)
         self.graphs.append(facts)
         gm.graph.set_codegen(_BoxedCodeGen())
         gm.recompile()

@@ -73,6 +73,25 @@ class GraphFacts:
     """Collectives counted by (kind, mesh dimension of their group)."""
     foreign_devices: list = field(default_factory=list)
     dynamic_shapes: list = field(default_factory=list)
+    program: str = ""
+    """What the compiler is handed, hashed: the graph's code and its inputs'
+    shapes and dtypes (``program_fingerprint``). Two ranks with equal
+    fingerprints hand neuronx-cc the same program."""
+
+
+def program_fingerprint(gm) -> str:
+    """A hash of ``gm``'s code (ops, constants, process-group names) and of
+    its inputs' shapes and dtypes: the graph TorchNeuron lowers to StableHLO
+    and compiles, whose NEFF cache key is a hash of that graph and the
+    compiler's flags."""
+    import hashlib
+
+    inputs = [(tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor)
+              # A script object (an opaque process group) by its type: its
+              # repr carries an address.
+              else str(v) if isinstance(v, (int, float, bool, torch.SymInt)) else type(v).__name__
+              for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder")]
+    return hashlib.sha256(f"{gm.code}\n{inputs}".encode()).hexdigest()[:16]
 
 
 def _where(node) -> dict:

@@ -14,7 +14,7 @@ from torchtitan_neuron.rehearse.report import Report
 
 
 def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
-    """Build ``config``'s trainer for rank 0 of ``ngpu`` on the neuron
+    """Build ``config``'s trainer for rank 0 (or ``RANK``) of ``ngpu`` on the neuron
     platform (``neuron_world``: the device is set up once per process), trace
     two steps, report."""
     from torchtitan_neuron import devices
@@ -23,8 +23,11 @@ def rehearse(config, *, ngpu: int, target: str, recipe: str) -> Report:
     from torchtitan_neuron.rehearse.backend import StandInNeuronBackend
     from torchtitan_neuron.trainer import StepHook
 
+    from torchtitan_neuron.tracing.world import traced_rank
+
     start = time.perf_counter()
-    report = Report(recipe=recipe, ngpu=ngpu, target=target)
+    report = Report(recipe=recipe, ngpu=ngpu, target=target, rank=traced_rank(),
+                    pp=config.parallelism.pipeline_parallel_degree)
     backend = StandInNeuronBackend()
     traced_config(config)
     # The same neuron branch ``plan --target trn2|trn3`` traces.
@@ -184,7 +187,7 @@ def _collect(report: Report, backend) -> None:
         report.dynamic_shapes += g.dynamic_shapes
         report.graphs.append({"name": g.name, "ops": sum(g.ops.values()),
                               "histogram": dict(g.ops.most_common()),
-                              "dtypes": dict(g.dtypes),
+                              "dtypes": dict(g.dtypes), "program": g.program,
                               "collectives": {k: v["count"] for k, v in g.collectives.items()}})
     report.ops = ops
     report.graph_breaks += backend.graph_breaks

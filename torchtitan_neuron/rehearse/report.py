@@ -21,7 +21,13 @@ class Report:
     recipe: str
     ngpu: int
     target: str
+    rank: int = 0
+    pp: int = 1
     seconds: float = 0.0
+    host_ranks: int = 1
+    host_peer: dict = field(default_factory=dict)
+    """The host's last rank, traced beside this one: its rank, its programs
+    (graph name -> fingerprint) and reasons, or the error that ended it."""
     compile_backend: str = ""
     graphs: list = field(default_factory=list)
     """One entry per partitioned graph: name, op count, collectives."""
@@ -55,7 +61,43 @@ class Report:
                 for h in self.host_syncs]
         out += [f"{d['device']} device in {d['graph']} ({d['op']}) at {d['file']}:{d['line']}"
                 for d in self.foreign_devices]
-        return out + list(self.failures)
+        out += list(self.failures)
+        # What only the host's last rank hit.
+        peer = self.host_peer
+        out += [f"rank {peer['rank']}: {r}" for r in peer.get("reasons", []) if r not in out]
+        return out
+
+    def add_host_peer(self, rank: int, peer: dict) -> None:
+        self.host_peer = {"rank": rank, "reasons": peer.get("reasons", []),
+                          "error": peer.get("error"),
+                          "programs": {g["name"]: g["program"] for g in peer.get("graphs", [])}}
+
+    def programs(self) -> dict:
+        return {g["name"]: g["program"] for g in self.graphs}
+
+    def host_programs(self) -> str:
+        """How many distinct programs the host's ranks compile, from this
+        rank's graphs and the host's last rank's."""
+        mine, peer = self.programs(), self.host_peer
+        n = self.host_ranks
+        if not mine or not peer:
+            return ""
+        if peer.get("error"):
+            return f"rank {peer['rank']}'s trace did not finish: {peer['error']}"
+        theirs = peer["programs"]
+        distinct = set(mine.values()) | set(theirs.values())
+        differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        shared = (f"with the NEFF cache shared per host, {len(distinct)} compiles "
+                  f"where a cache per rank would run {n * len(mine)}")
+        if not differ:
+            return (f"{len(mine)} programs on rank {self.rank}, the same {len(theirs)} on rank "
+                    f"{peer['rank']} (the host's last): the host's {n} ranks compile "
+                    f"{len(set(mine.values()))} distinct programs ({shared})")
+        why = (" (another pipeline stage)" if self.pp > 1 else "")
+        return (f"{len(mine)} programs on rank {self.rank}; rank {peer['rank']} (the host's "
+                f"last){why} differs in {len(differ)} ({', '.join(differ[:4])}"
+                f"{', ...' if len(differ) > 4 else ''}): at least {len(distinct)} distinct "
+                f"programs on the host, ranks between them not traced")
 
     def warnings(self) -> list[str]:
         out = []
@@ -93,14 +135,18 @@ class Report:
             "dtypes": dict(self.dtypes), "complex_ops": dict(self.complex_ops),
             "collectives": self.collectives,
             "collectives_by_mesh": self.collectives_by_mesh, "ops": dict(self.ops.most_common()),
-            "eager": self.eager, "notes": self.notes,
+            "eager": self.eager, "notes": self.notes, "rank": self.rank,
+            "host_ranks": self.host_ranks, "host_peer": self.host_peer,
+            "host_programs": self.host_programs(),
         }
 
     def describe(self) -> str:
         verdict = "ready" if self.ready else "not ready"
-        lines = [f"Rehearsal of {self.recipe} as rank 0 of {self.ngpu} on {self.target} "
+        lines = [f"Rehearsal of {self.recipe} as rank {self.rank} of {self.ngpu} on {self.target} "
                  f"(neuron branch, fake tensors): {verdict} ({self.seconds:.0f} s)"]
         lines += [f"  {k}: {v}" for k, v in self.notes.items()]
+        if self.host_programs():
+            lines.append(f"  programs per host: {self.host_programs()}")
         lines.append(f"  compiled graphs: {len(self.graphs)} (compile backend "
                      f"{self.compile_backend}); ops in them: {sum(self.ops.values())}")
         for g in self.graphs:
