@@ -87,3 +87,24 @@ def test_the_rank_log_names_the_allocator_and_the_switch(monkeypatch):
     monkeypatch.setattr(cpu_allocator, "loaded", lambda: "jemalloc")
     monkeypatch.setenv("MALLOC_CONF", JEMALLOC_CONF)
     assert cpu_allocator.describe().startswith(f"allocator jemalloc (MALLOC_CONF={JEMALLOC_CONF};")
+
+
+def test_the_allocator_hands_back_free_memory_and_the_step_peak_reads_it():
+    """ProcessPeak, the allocator's side of a measured step: free blocks go
+    back to the system as the step starts, so what a step allocates and
+    frees raises the peak resident set by its size."""
+    import torch
+
+    from torchtitan_neuron import devices
+    from torchtitan_neuron.trainer import ProcessPeak
+
+    devices.install()  # this host: cpu
+    assert cpu_allocator.release_free_memory()
+    peak = ProcessPeak.start()
+    assert peak is not None
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, written
+    del block
+    line = peak.describe(tensors_at_start=0)
+    found = dict(kv.split("=") for kv in line.split(": ", 1)[1].split())
+    grew = float(found["process_peak_gib"]) - float(found["resident_at_start_gib"])
+    assert 60 / 1024 < grew < 80 / 1024, line

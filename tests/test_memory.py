@@ -6,9 +6,13 @@ the step line's resident figure puts no AC above both, with the same step-1
 loss; the sharded state
 a rank holds (parameters, gradients, optimizer state, summed from the live
 local shards) halves from 1 to 2 ranks; and the planner's peak for each AC
-mode is within 10% of the peak tensor memory measured on the real tensors of
-the same step (TORCHTITAN_NEURON_MEASURE_MEMORY_STEP), and orders the modes
-the same way; with three gradient-accumulation micro-batches per step too; and
+mode matches the peak tensor memory measured on the real tensors of
+the same step (TORCHTITAN_NEURON_MEASURE_MEMORY_STEP) within ``PLAN_RTOL``,
+and of the allocator's side of that step (the process's peak resident set
+less what was resident and not a tensor as it started) within
+``ALLOCATOR_RTOL``, each bound at most ten times the largest difference seen
+over three runs and printed beside it; both order the modes the same way;
+with three gradient-accumulation micro-batches per step too; and
 with the gradients freed each step (`--training.disable_cuda_graphs`) both the
 measured and the planned peak fall by one copy of the gradients.
 
@@ -36,6 +40,21 @@ _STATE = re.compile(
     r"optimizer state ([\d.]+) MiB"
 )
 _MEASURED = re.compile(r"measured_peak_gib=([\d.]+)")
+_ALLOCATOR = re.compile(r"allocator_peak_gib=([\d.]+)")
+# The planner against the tensors measured on the same step: at most ten times
+# the largest relative difference seen over three runs of this file (5.82e-04,
+# full AC, in each of three runs of 2026-12-07).
+PLAN_RTOL = 5e-3
+# The planner against the allocator's side of the step (the process's peak
+# resident set less what was resident and not a tensor when it started): the
+# allocator's figure also holds the step's Python and autograd objects and its
+# own fragmentation (docs/planner.md#against-the-allocator). Ten times the
+# largest difference of three runs of 2026-12-07 (0.431, full AC).
+ALLOCATOR_RTOL = 4.0
+
+
+def _rel(planned: float, measured: float) -> float:
+    return abs(planned - measured) / measured
 _CONFIG = "simple_fsdp_llama3_debugmodel"
 _ACCUMULATE = ["--training.global_batch_size", "6"]  # 1 rank x batch 2 x 3
 
@@ -105,7 +124,9 @@ def test_sharded_state_halves_from_one_to_two_ranks(ac_runs, tmp_path):
     measured = float(_MEASURED.search(one.output)[1])
     print("accumulation: planned", plan["peak_gib"], "measured", measured)
     assert plan["layout"]["grad_accum"] == 3
-    assert plan["peak_gib"] == pytest.approx(measured, rel=0.10)
+    print(f"accumulation: planned against measured tensors {_rel(plan['peak_gib'], measured):.2e} "
+          f"relative (bound {PLAN_RTOL:g})")
+    assert _rel(plan["peak_gib"], measured) <= PLAN_RTOL
 
 
 def _run_plan(args: list[str], config: str) -> dict:
@@ -127,10 +148,18 @@ def _plan(mode: str) -> dict:
 def test_planner_matches_measured_tensor_memory(ac_runs):
     planned = {m: _plan(m)["peak_gib"] for m in MODES}
     measured = {m: float(_MEASURED.search(r.output)[1]) for m, r in ac_runs.items()}
-    print("planned:", planned, "measured:", measured)
+    allocator = {m: float(_ALLOCATOR.search(r.output)[1]) for m, r in ac_runs.items()}
+    print("planned:", planned, "measured tensors:", measured, "allocator:", allocator)
     for mode in MODES:
-        assert planned[mode] == pytest.approx(measured[mode], rel=0.10), mode
+        print(f"{mode}: planned against measured tensors "
+              f"{_rel(planned[mode], measured[mode]):.2e} relative (bound {PLAN_RTOL:g}), "
+              f"against the allocator {_rel(planned[mode], allocator[mode]):.2e} "
+              f"(bound {ALLOCATOR_RTOL:g})")
+        assert _rel(planned[mode], measured[mode]) <= PLAN_RTOL, mode
+        assert _rel(planned[mode], allocator[mode]) <= ALLOCATOR_RTOL, mode
     assert planned["full"] < planned["selective"] < planned["none"], planned
+    # The allocator sees the same order of the three policies.
+    assert allocator["full"] < allocator["selective"] < allocator["none"], allocator
 
 
 

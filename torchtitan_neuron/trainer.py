@@ -195,6 +195,40 @@ def cuda_graphs_apply() -> bool:
     return devices.detect().name == "cuda"
 
 
+class ProcessPeak:
+    """The process's resident memory over one step on CPU, an allocator-side
+    measure beside the tensor tracker's. As the step starts the allocator
+    hands its free blocks back to the system (``release_free_memory``) and
+    the peak resident set (``VmHWM``) is reset; the step's peak resident set,
+    less what was resident then and was not a tensor (Python, libraries,
+    compiled code), is the allocator's peak for the step's tensors. Linux
+    only; None elsewhere (docs/planner.md, "Against the allocator")."""
+
+    def __init__(self, start_bytes: int):
+        self.start_bytes = start_bytes
+
+    @classmethod
+    def start(cls) -> "ProcessPeak | None":
+        from torchtitan_neuron.devices.cpu import read_status_kib, reset_peak_rss
+
+        from torchtitan_neuron.devices.cpu_allocator import release_free_memory
+
+        if devices.current().name != "cpu" or not release_free_memory() or not reset_peak_rss():
+            return None
+        return cls(read_status_kib("VmRSS") * 1024)
+
+    def describe(self, tensors_at_start: int) -> str:
+        from torchtitan_neuron.devices.cpu import read_status_kib
+
+        gib = 1024**3
+        peak = read_status_kib("VmHWM") * 1024
+        other = self.start_bytes - tensors_at_start
+        return (f"Process memory at step: process_peak_gib={peak / gib:.4f} "
+                f"resident_at_start_gib={self.start_bytes / gib:.4f} "
+                f"non_tensor_at_start_gib={other / gib:.4f} "
+                f"allocator_peak_gib={(peak - other) / gib:.4f}")
+
+
 class NeuronTrainerMixin:
     """What every Neuron recipe's trainer adds to torchtitan's: the config
     prepared before the build, the pieces wired after it, and the step
@@ -425,6 +459,7 @@ class NeuronTrainerMixin:
                 "--compile.backend aot_eager (the same graphs, run op by op)."
             )
         persistent = step_start_state(self)
+        process = ProcessPeak.start()
         with self._tracker:
             super().train_step(data_iterator)
         gib = 1024**3
@@ -434,6 +469,9 @@ class NeuronTrainerMixin:
             f"Measured tensor memory at step {self.step}: measured_peak_gib={peak:.4f} "
             + " ".join(f"{k}={v / gib:.4f}" for k, v in parts.items())
         )
+        if process is not None:
+            # The allocator's side of the same step, independent of the tracker.
+            logger.info(process.describe(sum(persistent.values())))
 
     def train(self):
         super().train()

@@ -24,13 +24,25 @@ CPU_PEAK_FLOPS_ENV = "TORCHTITAN_NEURON_CPU_PEAK_FLOPS"
 SLOW_BF16_FACTOR = 4.0
 
 
-def _read_status_kib(field: str) -> int:
+def read_status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (VmRSS, VmHWM, ...); -1 if absent."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return -1
 
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak resident set (VmHWM) to the current one: "5" to
+    ``/proc/self/clear_refs`` (Linux >= 4.0). False where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _cpu_name() -> str:
@@ -87,7 +99,7 @@ class CpuDeviceModule:
 
     @staticmethod
     def memory_stats(device=None) -> dict[str, int]:
-        peak = _read_status_kib("VmHWM") * 1024
+        peak = read_status_kib("VmHWM") * 1024
         return {
             "active_bytes.all.peak": peak,
             "reserved_bytes.all.peak": peak,
@@ -97,12 +109,7 @@ class CpuDeviceModule:
 
     @staticmethod
     def reset_peak_memory_stats(device=None) -> None:
-        # "5" resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0).
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        reset_peak_rss()
 
     @staticmethod
     def mem_get_info(device=None) -> tuple[int, int]:

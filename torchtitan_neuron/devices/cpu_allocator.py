@@ -110,3 +110,21 @@ def describe() -> str:
         return f"allocator {name} ({ALLOCATOR_ENV}=system)"
     return (f"allocator {name}; CPU ranks step faster on jemalloc, which "
             f"torchtitan_neuron.launch preloads when installed ({INSTALL_HINT})")
+
+
+def release_free_memory() -> bool:
+    """Hand the allocator's free blocks back to the system, so the resident
+    set holds only what is in use: ``malloc_trim(0)`` on glibc, a purge of
+    every arena on jemalloc (``mallctl("arena.4096.purge")``, 4096 being
+    ``MALLCTL_ARENAS_ALL``). False where neither is found."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    if loaded() == "jemalloc":
+        mallctl = getattr(libc, "mallctl", None)
+        return mallctl is not None and mallctl(b"arena.4096.purge", None, None, None, 0) == 0
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
