@@ -31,7 +31,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from runlog import run_command  # noqa: E402
+from runlog import precise_losses, run_command  # noqa: E402
 
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 
@@ -70,7 +70,9 @@ def run_side(spec: str, common: list[str], dump_folder: Path, log: Path) -> dict
     if run.returncode != 0:
         tail = "\n".join(run.output.splitlines()[-25:])
         raise RuntimeError(f"run '{spec}' exited with {run.returncode} (log: {log}):\n{tail}")
-    return {s.step: s.loss for s in run.steps}
+    # The summary's losses at full precision where the run wrote one (the
+    # step line rounds to 5 decimals).
+    return precise_losses(dump_folder) or {s.step: s.loss for s in run.steps}
 
 
 def main(argv: list[str] | None = None) -> int:

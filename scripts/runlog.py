@@ -53,6 +53,19 @@ _STEP = re.compile(
 )
 
 
+def precise_losses(dump_folder) -> dict[int, float]:
+    """Each step's loss at full precision, from the run's summary
+    (``<dump folder>/run_summary.json``, written by rank 0 at the end of a
+    run; the step line prints 5 decimals). Empty when there is none."""
+    import json
+
+    path = Path(dump_folder) / "run_summary.json"
+    if not path.exists():
+        return {}
+    return {row["step"]: row["loss"] for row in json.loads(path.read_text())["steps"]
+            if row.get("loss") is not None}
+
+
 def strip_ansi(text: str) -> str:
     return ANSI.sub("", text)
 

@@ -2,13 +2,14 @@
 
 Proves: with one ``--debug.seed``, SimpleFSDP TP2 with full AC (global batch
 reached by accumulation) matches torchtitan's eager FSDP2 Trainer on the same
-model within 1e-4 (scripts/loss_compare.py; initial weights and data do not
+model within PARITY_RTOL (scripts/loss_compare.py; initial weights and data do not
 depend on the layout), both with block-causal attention and per-document
 positions, and the step line reports the accumulation; 10 uninterrupted
 steps equal 5 steps, a Ctrl-C on the launcher (every rank gone within 5 s,
 exit code 130, no process left) and a resume to 10, bit for bit;
 the same checkpoint resumes on 1 rank (another data-parallel degree) within
-1e-4; the Hugging Face export of the final model gives the same loss as its
+RESHARD_RTOL (each bound ten times the largest difference seen over three
+runs, full-precision losses); the Hugging Face export of the final model gives the same loss as its
 DCP checkpoint; a NaN loss stops the run on its step, before the update, with
 the last good checkpoint intact. The 1-rank vs TP2 x FSDP2 comparison of the
 MoE recipe is in test_deepseek.py.
@@ -26,7 +27,14 @@ import sys
 import pytest
 
 from conftest import run_train
-from runlog import LLAMA_MODULE, Run, ctrl_c, run_command, torchrun
+from runlog import LLAMA_MODULE, Run, ctrl_c, precise_losses, run_command, torchrun
+
+# Each bound is at most ten times the largest relative difference seen over
+# three runs of the test (full-precision losses from run_summary.json), and
+# the test prints what it saw beside it.
+# Seen on 2026-12-07, the same in each of three runs: 1.187e-07 and 6.179e-08.
+PARITY_RTOL = 1e-6  # SimpleFSDP TP2 + full AC against eager FSDP2
+RESHARD_RTOL = 5e-7  # the step-5 checkpoint resumed on 1 rank against 2
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +55,7 @@ CHECKPOINT = ["--checkpoint.enable", "--checkpoint.interval", "5"]
 def _loss_compare(tmp_path, a: str, b: str, *extra: str, steps: int = 8):
     result = run_command(
         [sys.executable, "scripts/loss_compare.py", "--concurrent", "--steps", str(steps),
-         "--out", str(tmp_path), "--a", a, "--b", b, "--", *extra],
+         "--rtol", str(PARITY_RTOL), "--out", str(tmp_path), "--a", a, "--b", b, "--", *extra],
         dict(os.environ, PREFLIGHT="0"), timeout=900,
     )
     return result.returncode, result.output
@@ -70,7 +78,9 @@ def test_simple_fsdp_tp2_matches_torchtitan_eager_fsdp2_trainer(tmp_path):
         "--model.attn_mask_type", "block_causal", "--model.reset_positions_per_document",
     )
     assert rc == 0, out
-    assert _max_rel_diff(out) <= 1e-4
+    print(f"SimpleFSDP TP2 against eager FSDP2: max_rel_diff {_max_rel_diff(out):.3e} "
+          f"(bound {PARITY_RTOL:g})")
+    assert _max_rel_diff(out) <= PARITY_RTOL
     a_log = (tmp_path / "a.log").read_text()
     b_log = (tmp_path / "b.log").read_text()
     assert "tp=2" in a_log and "grad_accum: 2" in a_log
@@ -130,13 +140,20 @@ def test_resume_is_bit_identical_reshards_and_exports(tmp_path):
     assert [(s.step, s.loss, s.grad_norm) for s in resumed.steps] == [
         (s.step, s.loss, s.grad_norm) for s in full.steps[5:]
     ]
+    # Bit for bit at full precision too (the step line rounds to 5 decimals).
+    full_losses = precise_losses(tmp_path / "full")
+    assert precise_losses(tmp_path / "resumed") == {s: full_losses[s] for s in range(6, 11)}
 
     one_rank = run_train([*ten, "--training.global_batch_size", "4"], ngpu=1,
                          config=CONFIG, dump_folder=tmp_path / "one_rank")
     assert one_rank.returncode == 0, one_rank.output[-4000:]
     assert [s.step for s in one_rank.steps] == list(range(6, 11))
-    for mine, ref in zip(one_rank.steps, full.steps[5:]):
-        assert abs(mine.loss - ref.loss) <= 1e-4 * abs(ref.loss), (mine, ref)
+    mine, ref = precise_losses(tmp_path / "one_rank"), precise_losses(tmp_path / "full")
+    assert sorted(mine) == list(range(6, 11)), mine
+    worst = max(abs(mine[s] - ref[s]) / abs(ref[s]) for s in mine)
+    print(f"step-5 checkpoint on 1 rank against 2: max_rel_diff {worst:.3e} "
+          f"(bound {RESHARD_RTOL:g})")
+    assert worst <= RESHARD_RTOL, (mine, ref)
 
     # The safetensors export of the uninterrupted run and the resumed run's
     # DCP checkpoint hold the same model: the same loss on a fixed batch.
