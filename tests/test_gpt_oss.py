@@ -101,7 +101,8 @@ def test_simple_fsdp_gpt_oss_matches_one_rank_and_resumes_across_layouts(tmp_pat
 def _tool(tool: str, module: str, config: str, ngpu: int, *extra: str):
     proc = subprocess.run(
         [sys.executable, "-m", f"torchtitan_neuron.{tool}", "--module", module,
-         "--config", config, f"--ngpu={ngpu}", "--json", *extra],
+         "--config", config, f"--ngpu={ngpu}", "--json", *extra,
+         *(["--one-rank"] if tool == "rehearse" else [])],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, proc.stderr[-3000:]

@@ -43,11 +43,14 @@ from torchtitan_neuron.rehearse.report import COMPLEX_ENV, Report
 DEEPSEEK_MODULE = "torchtitan_neuron.experiments.graph_trainer.deepseek_v3"
 
 
-def _rehearse(module: str, config: str, ngpu: int, *extra: str,
-              timeout: int = 900) -> tuple[int, dict | None, str]:
+def _rehearse(module: str, config: str, ngpu: int, *extra: str, timeout: int = 900,
+              host: bool = False) -> tuple[int, dict | None, str]:
+    """One rehearsal; ``host`` also traces the host's last rank (the default
+    of the command line), which the tests of other findings leave out."""
     proc = subprocess.run(
         [sys.executable, "-m", "torchtitan_neuron.rehearse", "--module", module,
-         "--config", config, f"--ngpu={ngpu}", "--json", *extra],
+         "--config", config, f"--ngpu={ngpu}", "--json", *extra,
+         *([] if host else ["--one-rank"])],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         timeout=timeout)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
@@ -60,7 +63,7 @@ def _rehearse(module: str, config: str, ngpu: int, *extra: str,
 
 @pytest.mark.e2e
 def test_debug_llama_is_ready_and_runs_the_neuron_branch():
-    code, report, err = _rehearse(LLAMA_MODULE, "simple_fsdp_llama3_debugmodel", 2)
+    code, report, err = _rehearse(LLAMA_MODULE, "simple_fsdp_llama3_debugmodel", 2, host=True)
     assert report is not None, err[-3000:]
     assert code == 0 and report["ready"], report["reasons"]
     notes = report["notes"]

@@ -18,6 +18,9 @@ TARGETS = ("trn2", "trn3")
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = recipe_parser("python -m torchtitan_neuron.rehearse", package.__doc__, TARGETS)
+    parser.add_argument("--one-rank", action="store_true",
+                        help="trace rank 0 alone, not the host's last rank beside it: "
+                             "half the CPU, no count of the programs per host")
     return parser.parse_known_args(argv)
 
 
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     # The host's last rank, traced beside rank 0: how many distinct programs
     # the host's ranks hand neuronx-cc.
     peer = (start_host_peer([a for a in argv if a != "--json"], host_ranks - 1)
-            if host_ranks > 1 and not os.environ.get(HOST_PEER_ENV) else None)
+            if host_ranks > 1 and not opts.one_rank and not os.environ.get(HOST_PEER_ENV)
+            else None)
     report = rehearse(config, ngpu=opts.ngpu, target=opts.target, recipe=opts.config)
     report.host_ranks = host_ranks
     if peer is not None:
