@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import torchtitan_neuron.rehearse as package
 from torchtitan_neuron.tracing.cli import checked_config, recipe_parser
@@ -30,19 +31,28 @@ HOST_PEER_ENV = "TORCHTITAN_NEURON_REHEARSAL_PEER"
 
 def start_host_peer(argv: list[str], rank: int) -> subprocess.Popen:
     """The same rehearsal as rank ``rank`` (the host's last), in a process of
-    its own that runs beside this one; its report comes back as JSON."""
+    its own that runs beside this one; its report comes back as JSON. Its
+    output goes to files: a pipe nobody reads until the end would fill and
+    stall it."""
     env = dict(os.environ, RANK=str(rank), **{HOST_PEER_ENV: "1"})
-    return subprocess.Popen(
+    out, err = tempfile.TemporaryFile(mode="w+"), tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(
         [sys.executable, "-m", "torchtitan_neuron.rehearse", *argv, "--json"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env, stdout=out, stderr=err, text=True)
+    proc.files = out, err
+    return proc
 
 
 def host_peer_report(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate()
-    try:
-        return json.loads(out.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        lines = [l for l in err.strip().splitlines() if l.strip()]
+    proc.wait()
+    out, err = proc.files
+    with out, err:
+        out.seek(0)
+        reports = [l for l in out.read().splitlines() if l.startswith("{")]
+        if reports:
+            return json.loads(reports[-1])
+        err.seek(0)
+        lines = [l for l in err.read().splitlines() if l.strip()]
         return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
 
 
